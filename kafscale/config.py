@@ -1,0 +1,261 @@
+"""Broker configuration: every setting is a ``KAFSCALE_*`` environment variable and a ``serve`` flag.
+
+``SETTINGS`` is the single table of what can be configured: the variable, its default, how its text
+is parsed and what it means. The CLI builds its flags from it, the README's configuration table is
+checked against it by a test, and ``load`` turns environment + flags into one frozen ``Config``.
+Invalid values raise ``ConfigError`` naming the variable; nothing is silently corrected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the variable."""
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
+               "g": GiB, "gb": GiB, "gib": GiB}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: ``4194304``, ``4MiB``, ``1GB`` (binary units, as the spec's 1GB means)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"expected a byte size such as 4194304 or 4MiB, got {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _size_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value < low:
+            raise ValueError(f"must be at least {low} bytes, got {value}")
+        return value
+
+    return parse
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _text(text: str) -> str:
+    return text.strip()
+
+
+def _endpoints(text: str) -> tuple[str, ...]:
+    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
+    for endpoint in endpoints:
+        if not re.fullmatch(r"(https?://)?[\w.\-\[\]:]+:\d+", endpoint):
+            raise ValueError(f"expected host:port[,host:port...], got {endpoint!r}")
+    return endpoints
+
+
+def _http_url(text: str) -> str:
+    value = text.strip()
+    if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return value
+
+
+def _namespace(text: str) -> str:
+    value = text.strip()
+    if not re.fullmatch(r"[A-Za-z0-9._\-]+", value):
+        raise ValueError(f"expected letters, digits, '.', '_' or '-', got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    field: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+    secret: bool = False
+
+    @property
+    def env(self) -> str:
+        return "KAFSCALE_" + self.field.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("broker_host", "127.0.0.1", _text,
+            "Address the Kafka listener binds to and advertises to clients"),
+    Setting("broker_port", "9092", _int_in(0, 65535), "Kafka protocol port"),
+    Setting("advertised_host", "", _text,
+            "Host advertised in Metadata responses (default: KAFSCALE_BROKER_HOST; "
+            "0.0.0.0 advertises the machine's hostname)"),
+    Setting("metrics_port", "9093", _int_in(0, 65535), "Port of /metrics, /healthz and /readyz"),
+    Setting("broker_id", "0", _int_in(0, 2**31 - 1), "This broker's node id"),
+    Setting("data_dir", "./data", _text,
+            "Directory of the embedded backends (segments and SQLite metadata)"),
+    Setting("s3_bucket", "", _text,
+            "S3 bucket for segments; empty = store segments under KAFSCALE_DATA_DIR"),
+    Setting("s3_region", "us-east-1", _text, "S3 region"),
+    Setting("s3_endpoint", "", _http_url,
+            "S3-compatible endpoint URL (MinIO, ...); empty = AWS S3"),
+    Setting("s3_path_style", "false", parse_bool, "Use path-style S3 addressing (MinIO needs it)"),
+    Setting("s3_namespace", "default", _namespace,
+            "Key prefix of this cluster in the bucket and in the metadata store"),
+    Setting("s3_access_key", "", _text, "S3 access key (empty = boto3's default credential chain)"),
+    Setting("s3_secret_key", "", _text, "S3 secret key", secret=True),
+    Setting("etcd_endpoints", "", _endpoints,
+            "Comma-separated etcd endpoints; empty = SQLite metadata under KAFSCALE_DATA_DIR"),
+    Setting("segment_bytes", "4MiB", _size_at_least(1024),
+            "Seal a partition buffer into a segment at this size"),
+    Setting("flush_interval_ms", "500", _int_in(1, 3_600_000),
+            "Seal a partition buffer this long after its first unflushed byte"),
+    Setting("cache_size", "1GiB", _size_at_least(0), "L1 hot segment cache size"),
+    Setting("index_cache_size", "256MiB", _size_at_least(0), "L2 index cache size"),
+    Setting("readahead_segments", "2", _int_in(0, 64), "Segments to prefetch on sequential reads"),
+    Setting("compression_codec", "snappy", _one_of("none", "snappy", "lz4", "zstd"),
+            "Codec applied to batches that arrive uncompressed"),
+    Setting("auto_create_topics", "true", parse_bool,
+            "Create unknown topics on Metadata/Produce"),
+    Setting("auto_create_partitions", "1", _int_in(1, 100_000),
+            "Partitions of an auto-created topic"),
+    Setting("fetch_unflushed", "false", parse_bool,
+            "Let consumers read buffered data not yet committed to S3"),
+    Setting("max_request_bytes", "100MiB", _size_at_least(1024),
+            "Largest request frame accepted (Kafka's socket.request.max.bytes)"),
+    Setting("shards", str(os.cpu_count() or 1), _int_in(1, 256),
+            "Shard worker processes (default: CPU count)"),
+    Setting("log_level", "info", _one_of("debug", "info", "warning", "error"), "Log level"),
+    Setting("boot_timeout_ms", "15000", _int_in(100, 600_000),
+            "How long a child process or backend may take to come up before serve fails"),
+)
+
+SETTINGS_BY_FIELD = {setting.field: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Config:
+    broker_host: str
+    broker_port: int
+    advertised_host: str
+    metrics_port: int
+    broker_id: int
+    data_dir: str
+    s3_bucket: str
+    s3_region: str
+    s3_endpoint: str
+    s3_path_style: bool
+    s3_namespace: str
+    s3_access_key: str
+    s3_secret_key: str
+    etcd_endpoints: tuple[str, ...]
+    segment_bytes: int
+    flush_interval_ms: int
+    cache_size: int
+    index_cache_size: int
+    readahead_segments: int
+    compression_codec: str
+    auto_create_topics: bool
+    auto_create_partitions: int
+    fetch_unflushed: bool
+    max_request_bytes: int
+    shards: int
+    log_level: str
+    boot_timeout_ms: int
+
+    @property
+    def uses_s3(self) -> bool:
+        return bool(self.s3_bucket)
+
+    @property
+    def uses_etcd(self) -> bool:
+        return bool(self.etcd_endpoints)
+
+    def public_dict(self) -> dict[str, Any]:
+        """The effective configuration with secrets masked, for the startup log line."""
+        values = dataclasses.asdict(self)
+        for setting in SETTINGS:
+            if setting.secret and values[setting.field]:
+                values[setting.field] = "***"
+        return values
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, values: Mapping[str, Any]) -> Config:
+        fixed = dict(values)
+        fixed["etcd_endpoints"] = tuple(fixed["etcd_endpoints"])
+        return cls(**fixed)
+
+
+def load(environ: Mapping[str, str], overrides: Mapping[str, str | None] | None = None) -> Config:
+    """Build the configuration from ``KAFSCALE_*`` variables; ``overrides`` (flags) win.
+
+    Raises ``ConfigError`` for the first invalid value, naming the variable.
+    """
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        text = environ.get(setting.env, setting.default)
+        source = setting.env
+        if overrides and overrides.get(setting.field) is not None:
+            text = str(overrides[setting.field])
+            source = f"{setting.flag} ({setting.env})"
+        try:
+            values[setting.field] = setting.parse(text)
+        except ValueError as exc:
+            raise ConfigError(f"invalid {source}={text!r}: {exc}") from None
+    config = Config(**values)
+    _check_consistency(config)
+    return config
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``KAFSCALE_*`` variables that configure nothing here: likely typos, logged as warnings
+    (not errors, since other KafScale components such as the operator share the prefix)."""
+    known = {setting.env for setting in SETTINGS}
+    return sorted(name for name in environ if name.startswith("KAFSCALE_") and name not in known)
+
+
+def _check_consistency(config: Config) -> None:
+    if config.s3_endpoint and not config.s3_bucket:
+        raise ConfigError("KAFSCALE_S3_ENDPOINT is set but KAFSCALE_S3_BUCKET is empty: "
+                          "name the bucket to use")
+    if bool(config.s3_access_key) != bool(config.s3_secret_key):
+        raise ConfigError("KAFSCALE_S3_ACCESS_KEY and KAFSCALE_S3_SECRET_KEY must be set together")
+    if config.metrics_port and config.metrics_port == config.broker_port:
+        raise ConfigError("KAFSCALE_METRICS_PORT must differ from KAFSCALE_BROKER_PORT")
