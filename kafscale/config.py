@@ -1,4 +1,4 @@
-"""Broker configuration: every setting is a ``KAFSCALE_*`` environment variable and a ``serve`` flag.
+"""Broker configuration: each setting is a ``KAFSCALE_*`` environment variable and a ``serve`` flag.
 
 ``SETTINGS`` is the single table of what can be configured: the variable, its default, how its text
 is parsed and what it means. The CLI builds its flags from it, the README's configuration table is
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +199,14 @@ class Config:
     boot_timeout_ms: int
 
     @property
+    def advertised_listener_host(self) -> str:
+        """The host clients are told to connect to (a wildcard bind is not connectable)."""
+        host = self.advertised_host or self.broker_host
+        if host in ("", "0.0.0.0", "::"):
+            return socket.getfqdn()
+        return host
+
+    @property
     def uses_s3(self) -> bool:
         return bool(self.s3_bucket)
 
@@ -259,3 +268,16 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("KAFSCALE_S3_ACCESS_KEY and KAFSCALE_S3_SECRET_KEY must be set together")
     if config.metrics_port and config.metrics_port == config.broker_port:
         raise ConfigError("KAFSCALE_METRICS_PORT must differ from KAFSCALE_BROKER_PORT")
+
+
+def markdown_table() -> str:
+    """The configuration table of README.md (a test keeps the two identical)."""
+    rows = ["| Variable | Flag | Default | Description |", "|---|---|---|---|"]
+    for setting in SETTINGS:
+        default = "CPU count" if setting.field == "shards" else (setting.default or "(empty)")
+        rows.append(f"| `{setting.env}` | `{setting.flag}` | `{default}` | {setting.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

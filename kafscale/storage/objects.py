@@ -6,9 +6,9 @@ Two real implementations sit behind it, chosen by configuration (``open_object_s
 (``{namespace}/{topic}/{partition}/segment-{base_offset:020d}.kfs``) and the same semantics:
 
 - ``put_if_absent`` never overwrites: a second put of an existing key returns False and leaves the
-  first object intact (S3 ``If-None-Match: *``; locally an atomic link of a fully written temp file).
+  first object intact (S3 ``If-None-Match: *``; locally an atomic link of a complete temp file).
 - ``get`` with ``start``/``length`` is a ranged read; reading past the end returns what exists.
-- ``list`` returns keys under a prefix in lexicographic order, which for segment keys is offset order.
+- ``list`` returns keys under a prefix in lexicographic order (for segment keys: offset order).
 - ``delete`` is idempotent.
 - An unreachable backend raises ``ObjectStoreUnavailable`` whose message names the endpoint.
 """

@@ -1,0 +1,5 @@
+import sys
+
+from kafscale.cli import main
+
+sys.exit(main())

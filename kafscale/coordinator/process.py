@@ -1,0 +1,46 @@
+"""The coordinator process: the single writer of the cluster's metadata.
+
+Today it owns the cluster id and this broker's registration; topics, partition states, consumer
+groups, committed offsets and producer ids join it in later milestones. Other processes never
+write metadata: they read the watched view (``kafscale.metadata.view``) or ask the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kafscale.ipc import messages
+from kafscale.ipc.rpc import RpcServer, serve_until
+from kafscale.metadata import open_metadata_store
+from kafscale.metadata.records import BrokerRecord, Keys
+from kafscale.supervisor.child import ChildContext
+
+from .registry import BrokerRegistration, ensure_cluster_id
+
+log = logging.getLogger(__name__)
+
+
+def run(ctx: ChildContext) -> None:
+    config = ctx.config
+    store = open_metadata_store(config)
+    try:
+        store.check()
+        keys = Keys(config.s3_namespace)
+        cluster_id = ensure_cluster_id(store, keys)
+        broker = BrokerRecord(node_id=config.broker_id, host=config.advertised_listener_host,
+                              port=config.broker_port)
+        registration = BrokerRegistration(store, keys, broker)
+        registration.register()
+        server = RpcServer(ctx.zmq_context, ctx.address())
+        log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
+        ctx.ready()
+        try:
+            serve_until(ctx.stopping, server, {messages.Ping: lambda _: ctx.pong()},
+                        on_idle=registration.keep_alive)
+        finally:
+            registration.deregister()
+            server.close()
+    finally:
+        store.close()
+
+

@@ -1,0 +1,132 @@
+"""One client connection: read frames, process them concurrently, reply in request order.
+
+Kafka lets a client pipeline requests on a connection but requires the responses in request
+order. Each frame becomes a task as soon as it is read; a writer awaits the tasks in arrival order
+and writes each response. At most ``MAX_IN_FLIGHT`` requests are in progress per connection; past
+that the reader stops reading (TCP back-pressure) instead of buffering without bound.
+
+A decode error (bad frame length, garbage, unknown API key) ends the connection after the
+responses to the requests before it are written, with one log line saying why. Nothing that
+happens on one connection affects another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from kafscale import metrics
+from kafscale.frontend import requests
+from kafscale.frontend.context import Broker
+from kafscale.protocol import codec
+from kafscale.protocol.errors import DecodeError
+from kafscale.protocol.framing import FrameDecoder
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 64
+READ_CHUNK = 256 * 1024
+
+
+class Connection:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.broker = broker
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._in_flight: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+            MAX_IN_FLIGHT)
+        self._closing = asyncio.Event()
+
+    async def serve(self) -> None:
+        metrics.CONNECTIONS.inc()
+        writer_task = asyncio.create_task(self._write_responses())
+        try:
+            await self._read_requests()
+        finally:
+            await self._in_flight.put(None)
+            await writer_task
+            self.writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await self.writer.wait_closed()
+            metrics.CONNECTIONS.dec()
+
+    def close(self) -> None:
+        """Stop reading; requests already read are still answered."""
+        self._closing.set()
+
+    async def _read_requests(self) -> None:
+        decoder = FrameDecoder(self.broker.config.max_request_bytes)
+        closing = asyncio.create_task(self._closing.wait())
+        try:
+            while not self._closing.is_set():
+                read = asyncio.create_task(self.reader.read(READ_CHUNK))
+                await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():
+                    read.cancel()
+                    return
+                data = read.result()
+                if not data:
+                    return
+                metrics.BYTES_IN.inc(len(data))
+                for frame in decoder.feed(data):
+                    await self._in_flight.put(asyncio.create_task(self._process(frame)))
+        except DecodeError as exc:
+            self._reject(exc)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            closing.cancel()
+
+    async def _process(self, frame: bytes) -> bytes | None:
+        started = time.perf_counter()
+        api = _api_label(frame)
+        try:
+            return await requests.process(self.broker, frame, self.peer)
+        finally:
+            metrics.REQUESTS.labels(api).inc()
+            metrics.REQUEST_SECONDS.labels(api).observe(time.perf_counter() - started)
+
+    async def _write_responses(self) -> None:
+        """Write responses in request order; after a fatal error, cancel whatever follows."""
+        failed = False
+        while (task := await self._in_flight.get()) is not None:
+            if failed:
+                task.cancel()
+                continue
+            try:
+                response = await task
+                if response is not None and not self.writer.is_closing():
+                    self.writer.write(response)
+                    metrics.BYTES_OUT.inc(len(response))
+                    await self.writer.drain()
+            except DecodeError as exc:
+                self._reject(exc)
+                failed = True
+            except (ConnectionError, OSError):
+                self.close()
+                failed = True
+            except Exception:
+                log.exception("request failed; closing the connection",
+                              extra={"peer": self.peer})
+                metrics.REQUEST_ERRORS.labels("internal").inc()
+                self.close()
+                failed = True
+
+    def _reject(self, exc: DecodeError) -> None:
+        if not self._closing.is_set():
+            log.warning("closing connection: %s", exc,
+                        extra={"peer": self.peer, "reason": type(exc).__name__})
+            metrics.REQUEST_ERRORS.labels(type(exc).__name__).inc()
+        self.close()
+
+
+def _api_label(frame: bytes) -> str:
+    try:
+        return codec.api_name(codec.peek_header(frame)[0])
+    except DecodeError:
+        return "unknown"

@@ -1,0 +1,60 @@
+"""What a request handler may use: the broker's identity, the metadata view, the API table.
+
+Handlers never touch sockets; they get a ``RequestContext`` and a decoded request and return a
+response (or None when the protocol sends none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kafscale.config import Config
+from kafscale.metadata.view import Snapshot
+from kafscale.protocol.codec import RequestHeader
+
+Handle = Callable[["RequestContext", Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Api:
+    """One entry of the dispatch table: an implemented API and the versions we serve."""
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handle: Handle
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+class View(Protocol):
+    """The metadata a handler reads: ``kafscale.metadata.view.MetadataView`` in the broker."""
+
+    @property
+    def snapshot(self) -> Snapshot: ...
+
+
+@dataclass(frozen=True)
+class Broker:
+    config: Config
+    view: View
+    apis: dict[int, Api]
+
+    @property
+    def node_id(self) -> int:
+        return self.config.broker_id
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    broker: Broker
+    header: RequestHeader
+    peer: str
+
+    @property
+    def version(self) -> int:
+        return self.header.api_version

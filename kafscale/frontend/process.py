@@ -1,0 +1,95 @@
+"""The frontend process: the Kafka listener. Owns the client sockets and nothing else.
+
+An asyncio server accepts connections on ``KAFSCALE_BROKER_HOST:PORT`` and runs one
+``Connection`` per client; handlers answer from the watched metadata view and, with the write
+path, from the shards over ZeroMQ. It never blocks on S3 or etcd. On SIGTERM it stops accepting,
+stops reading, answers what it has read (for at most ``DRAIN_SECONDS``) and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import zmq.asyncio
+
+from kafscale.frontend.connection import Connection
+from kafscale.frontend.context import Broker
+from kafscale.frontend.dispatch import APIS
+from kafscale.ipc import messages
+from kafscale.ipc.rpc import AsyncRpcServer
+from kafscale.metadata import open_metadata_store
+from kafscale.metadata.view import MetadataView
+from kafscale.supervisor.child import ChildContext
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 10.0
+LISTEN_BACKLOG = 1024
+
+
+def run(ctx: ChildContext) -> None:
+    store = open_metadata_store(ctx.config)
+    try:
+        view = MetadataView(store, ctx.config.s3_namespace)
+        view.start()
+        try:
+            asyncio.run(_serve(ctx, Broker(ctx.config, view, APIS)))
+        finally:
+            view.stop()
+    finally:
+        store.close()
+
+
+async def _serve(ctx: ChildContext, broker: Broker) -> None:
+    config = ctx.config
+    connections: dict[Connection, asyncio.Task[None]] = {}
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(broker, reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        connections[connection] = task
+        try:
+            await connection.serve()
+        finally:
+            del connections[connection]
+
+    try:
+        server = await asyncio.start_server(accept, config.broker_host, config.broker_port,
+                                            reuse_address=True, backlog=LISTEN_BACKLOG)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {config.broker_host}:{config.broker_port} "
+                      f"(KAFSCALE_BROKER_PORT): {exc.strerror or exc}") from None
+    zmq_context = zmq.asyncio.Context()
+    control = AsyncRpcServer(zmq_context, ctx.address())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    pings = asyncio.create_task(_answer_pings(ctx, control))
+    log.info("listening", extra={"host": config.broker_host, "port": config.broker_port})
+    ctx.ready()
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        for connection in list(connections):
+            connection.close()
+        if connections:
+            _, busy = await asyncio.wait(list(connections.values()), timeout=DRAIN_SECONDS)
+            if busy:
+                log.warning("connections still busy at shutdown", extra={"count": len(busy)})
+        pings.cancel()
+        control.close()
+        zmq_context.term()
+
+
+async def _answer_pings(ctx: ChildContext, control: AsyncRpcServer) -> None:
+    while True:
+        incoming = await control.recv()
+        if isinstance(incoming.message, messages.Ping):
+            await control.reply(incoming, ctx.pong())
+        else:
+            name = type(incoming.message).__name__
+            await control.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))

@@ -1,0 +1,50 @@
+"""One request frame in, one response frame (or none) out: version checks and dispatch.
+
+Decisions, in Kafka's order:
+1. An API key Kafka does not define cannot be answered in any format: ``UnknownApi``, and the
+   connection closes.
+2. ApiVersions at a version we do not serve: the KIP-511 v0 answer with UNSUPPORTED_VERSION.
+3. A version Kafka never defined for a known API: ``MalformedRequest`` (no format to answer in).
+4. A known API we do not implement, or a version outside our range: that version's response
+   with UNSUPPORTED_VERSION in its error fields, so the client sees an error, not a hang-up.
+5. Otherwise decode (every byte must be consumed) and call the handler.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kafscale.frontend.context import Broker, RequestContext
+from kafscale.frontend.handlers import api_versions
+from kafscale.protocol import codec
+from kafscale.protocol.errors import ErrorCode, MalformedRequest
+
+log = logging.getLogger(__name__)
+
+
+async def process(broker: Broker, frame: bytes, peer: str) -> bytes | None:
+    """The response frame to ``frame``, None if the protocol sends none. Raises DecodeError."""
+    api_key, version, correlation_id = codec.peek_header(frame)
+    name = codec.api_name(api_key)
+    api = broker.apis.get(api_key)
+    if api_key == api_versions.API_KEY and (api is None or not api.supports(version)):
+        log.info("ApiVersions version not supported; answering in v0 (KIP-511)",
+                 extra={"version": version, "peer": peer})
+        return codec.encode_response(correlation_id,
+                                     api_versions.unsupported_version_response(broker.apis))
+    schema = codec.request_schema(api_key, version)
+    if schema is None:
+        raise MalformedRequest(f"{name} has no version {version}")
+    if api is None or not api.supports(version):
+        log.warning("request for an unsupported API or version",
+                    extra={"api": name, "version": version, "peer": peer})
+        response_schema = codec.response_schema(api_key, version)
+        if response_schema is None:  # pragma: no cover - kio pairs every request with a response
+            raise MalformedRequest(f"{name} v{version} has no response format")
+        response = codec.error_response(response_schema, ErrorCode.unsupported_version)
+        return codec.encode_response(correlation_id, response)
+    header, request = codec.decode_request(frame, schema)
+    response = await api.handle(RequestContext(broker, header, peer), request)
+    if response is None:
+        return None
+    return codec.encode_response(correlation_id, response)

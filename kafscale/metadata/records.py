@@ -1,0 +1,63 @@
+"""What the broker keeps in the metadata store, and under which keys.
+
+All keys of one cluster live under ``/kafscale/{namespace}/`` (the namespace is
+``KAFSCALE_S3_NAMESPACE``, so one etcd and one bucket can hold several clusters). Values are JSON
+encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readable by an operator.
+
+    /kafscale/{ns}/cluster_id            the cluster id, created once (put-if-absent)
+    /kafscale/{ns}/brokers/{node_id}     BrokerRecord, attached to the broker's lease
+    /kafscale/{ns}/topics/{name}         TopicRecord
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import msgspec
+
+
+class BrokerRecord(msgspec.Struct, frozen=True):
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+class TopicRecord(msgspec.Struct, frozen=True):
+    name: str
+    topic_id: str  # UUID, canonical text form
+    partitions: int
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Keys:
+    """Key names of one cluster namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.root = f"/kafscale/{namespace}/"
+        self.cluster_id = self.root + "cluster_id"
+        self.brokers = self.root + "brokers/"
+        self.topics = self.root + "topics/"
+
+    def broker(self, node_id: int) -> str:
+        return f"{self.brokers}{node_id}"
+
+    def topic(self, name: str) -> str:
+        return self.topics + name
+
+
+def new_cluster_id() -> str:
+    """A Kafka-style cluster id: a random UUID as 22 characters of unpadded URL-safe base64."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+encode = msgspec.json.encode
+
+
+def decode_broker(data: bytes) -> BrokerRecord:
+    return msgspec.json.decode(data, type=BrokerRecord)
+
+
+def decode_topic(data: bytes) -> TopicRecord:
+    return msgspec.json.decode(data, type=TopicRecord)

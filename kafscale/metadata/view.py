@@ -1,0 +1,98 @@
+"""A read-only, watched, in-memory view of the cluster's metadata for any process.
+
+Only the coordinator writes metadata; every other process answers from this view, which loads the
+namespace once and then follows the store's watch. Snapshots are immutable and replaced whole, so
+readers on any thread see a consistent state without locks. Records that do not decode are logged
+and skipped rather than taking the view down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import msgspec
+
+from kafscale.metadata import records
+from kafscale.metadata.records import BrokerRecord, Keys, TopicRecord
+from kafscale.metadata.store import EventType, MetadataStore, Watch, WatchEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    revision: int = 0
+    cluster_id: str | None = None
+    brokers: dict[int, BrokerRecord] = field(default_factory=dict)
+    topics: dict[str, TopicRecord] = field(default_factory=dict)
+
+
+class MetadataView:
+    def __init__(self, store: MetadataStore, namespace: str) -> None:
+        self._store = store
+        self._keys = Keys(namespace)
+        self._lock = threading.Lock()  # serialises watch callbacks; readers never take it
+        self.snapshot = Snapshot()
+        self._listeners: list[Callable[[Snapshot], None]] = []
+        self._watch: Watch | None = None
+
+    def start(self) -> None:
+        """Load the namespace and follow changes from the revision loaded."""
+        revision = self._store.revision()
+        snapshot = Snapshot(revision=revision)
+        for kv in self._store.get_prefix(self._keys.root):
+            snapshot = self._apply(snapshot, EventType.PUT, kv.key, kv.value, kv.mod_revision)
+        self.snapshot = snapshot
+        self._watch = self._store.watch_prefix(self._keys.root, self._on_event,
+                                               start_revision=revision)
+
+    def on_change(self, listener: Callable[[Snapshot], None]) -> None:
+        """Call ``listener`` (on the watch thread) with every new snapshot."""
+        self._listeners.append(listener)
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def _on_event(self, event: WatchEvent) -> None:
+        with self._lock:
+            if event.mod_revision <= self.snapshot.revision:
+                return  # already part of the loaded state
+            self.snapshot = self._apply(self.snapshot, event.type, event.key, event.value,
+                                        event.mod_revision)
+            snapshot = self.snapshot
+        for listener in self._listeners:
+            listener(snapshot)
+
+    def _apply(self, snapshot: Snapshot, kind: EventType, key: str, value: bytes,
+               revision: int) -> Snapshot:
+        revision = max(revision, snapshot.revision)
+        keys = self._keys
+        try:
+            if key == keys.cluster_id:
+                cluster_id = value.decode() if kind is EventType.PUT else None
+                return replace(snapshot, revision=revision, cluster_id=cluster_id)
+            if key.startswith(keys.brokers):
+                brokers = dict(snapshot.brokers)
+                node_id = int(key[len(keys.brokers):])
+                if kind is EventType.PUT:
+                    brokers[node_id] = records.decode_broker(value)
+                else:
+                    brokers.pop(node_id, None)
+                return replace(snapshot, revision=revision, brokers=brokers)
+            if key.startswith(keys.topics):
+                topics = dict(snapshot.topics)
+                name = key[len(keys.topics):]
+                if kind is EventType.PUT:
+                    topics[name] = records.decode_topic(value)
+                else:
+                    topics.pop(name, None)
+                return replace(snapshot, revision=revision, topics=topics)
+        except (ValueError, msgspec.DecodeError) as exc:
+            log.error("skipping undecodable metadata record", extra={"key": key,
+                                                                      "error": str(exc)})
+        return replace(snapshot, revision=revision)

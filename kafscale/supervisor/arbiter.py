@@ -1,0 +1,278 @@
+"""The supervisor: starts, watches, restarts and stops the broker's child processes.
+
+Modelled on gunicorn's arbiter. Signal handlers only enqueue the signal (and wake the loop through
+``signal.set_wakeup_fd``); children are reaped with ``waitpid(WNOHANG)``; a child exiting with
+``EXIT_BOOT_FAILED`` (or reporting ``BootFailed``) during start-up stops the broker with its reason.
+
+Start-up order is coordinator, flusher, shards, frontend: the listener opens last, once everything
+behind it serves. Shutdown runs the other way round, so no client request arrives at a process
+that is already gone. Invariants on exit: no child process left, no shared memory segment of this
+run left in /dev/shm, the runtime directory removed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import zmq
+from prometheus_client import multiprocess
+
+from kafscale import metrics
+from kafscale.config import Config
+from kafscale.ipc import endpoints, messages
+from kafscale.shards.buffer import sweep_segments
+from kafscale.supervisor.child import CONFIG_FILE, EXIT_BOOT_FAILED
+
+log = logging.getLogger(__name__)
+
+BOOT_ORDER = ("coordinator", "flusher", "shard", "frontend")
+STOP_GRACE_SECONDS = {"frontend": 10.0, "shard": 30.0, "flusher": 60.0, "coordinator": 10.0}
+MAX_RESPAWN_BOOT_FAILURES = 5
+
+
+def metrics_dir(runtime_dir: str) -> str:
+    return os.path.join(runtime_dir, "metrics")
+
+
+class StartupError(Exception):
+    """The broker cannot start; the message says why and is shown to the operator."""
+
+
+@dataclass
+class Child:
+    role: str
+    index: int
+    pid: int = 0
+    started_at: float = 0.0
+    ready: bool = False
+    boot_failures: int = 0  # consecutive failed boots of respawns
+    respawn_at: float | None = None  # when a dead child is due to be spawned again
+    boot_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @property
+    def alive(self) -> bool:
+        return self.pid > 0
+
+
+class Arbiter:
+    def __init__(self, config: Config, run_id: str, runtime_dir: str) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.runtime_dir = runtime_dir
+        self.children = [Child("coordinator", 0), Child("flusher", 0),
+                         *(Child("shard", i) for i in range(config.shards)),
+                         Child("frontend", 0)]
+        self._signals: collections.deque[int] = collections.deque()
+        self._zmq = zmq.Context()
+        self._notices: zmq.Socket[bytes] = self._zmq.socket(zmq.PULL)
+        self._wakeup_r, self._wakeup_w = os.pipe()
+        self.stopping = False
+        self.failure: str | None = None  # why the broker stopped itself, if it did
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Write the children's config, bind the notice socket, install signal handlers."""
+        path = os.path.join(self.runtime_dir, CONFIG_FILE)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            json.dump({"config": self.config.to_json_dict(), "run_id": self.run_id}, file)
+        self._notices.setsockopt(zmq.LINGER, 0)
+        self._notices.bind(endpoints.supervisor_address(self.runtime_dir))
+        os.set_blocking(self._wakeup_w, False)
+        signal.set_wakeup_fd(self._wakeup_w, warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(signum, self._on_signal)
+
+    @property
+    def metrics_dir(self) -> str:
+        return metrics_dir(self.runtime_dir)
+
+    def boot(self) -> None:
+        """Start every child in order, each group ready before the next. Raises StartupError."""
+        deadline_s = self.config.boot_timeout_ms / 1000
+        for role in BOOT_ORDER:
+            group = [child for child in self.children if child.role == role]
+            for child in group:
+                self._spawn(child)
+            deadline = time.monotonic() + deadline_s
+            while not all(child.ready for child in group):
+                if self.stopping or (self._signals and self._handle_signals()):
+                    raise StartupError("interrupted during start-up")
+                failed = next((child for child in group if child.boot_error), None)
+                if failed is not None:
+                    raise StartupError(f"{failed.name} failed to boot: {failed.boot_error}")
+                if time.monotonic() > deadline:
+                    late = ", ".join(child.name for child in group if not child.ready)
+                    raise StartupError(f"{late} did not become ready within {deadline_s:g} s "
+                                       f"(KAFSCALE_BOOT_TIMEOUT_MS)")
+                self._wait(100)
+                self._reap(booting=True)
+
+    def run(self) -> None:
+        """Supervise until SIGTERM/SIGINT or an unrecoverable child."""
+        while not self.stopping:
+            self._wait(500)
+            self._handle_signals()
+            self._reap(booting=False)
+            self._respawn_due()
+
+    def shutdown(self) -> None:
+        """Stop children in reverse boot order, then remove what this run left behind."""
+        self.stopping = True
+        for role in reversed(BOOT_ORDER):
+            group = [child for child in self.children if child.role == role and child.alive]
+            self._stop_group(group, STOP_GRACE_SECONDS[role])
+        leaked = sweep_segments(self.run_id)
+        if leaked:
+            log.warning("removed shared memory left by children", extra={"segments": leaked})
+        signal.set_wakeup_fd(-1)
+        self._notices.close(linger=0)
+        self._zmq.term()
+        os.close(self._wakeup_r)
+        os.close(self._wakeup_w)
+
+    # -- children -----------------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        argv = [sys.executable, "-m", "kafscale.supervisor.child", child.role, str(child.index),
+                self.runtime_dir, str(os.getpid())]
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir)
+        child.pid = os.posix_spawn(sys.executable, argv, env)
+        child.started_at = time.monotonic()
+        child.ready = False
+        child.boot_error = None
+        child.respawn_at = None
+        log.info("spawned", extra={"child": child.name, "child_pid": child.pid})
+
+    def _find(self, pid: int) -> Child | None:
+        return next((child for child in self.children if child.pid == pid), None)
+
+    def _reap(self, booting: bool) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self._find(pid)
+            if child is None:
+                continue
+            self._on_exit(child, status, booting)
+
+    def _on_exit(self, child: Child, status: int, booting: bool) -> None:
+        multiprocess.mark_process_dead(child.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
+        code = os.waitstatus_to_exitcode(status)
+        was_ready = child.ready
+        child.pid, child.ready = 0, False
+        if self.stopping:
+            return
+        described = f"signal {-code}" if code < 0 else f"exit status {code}"
+        if not was_ready and code == EXIT_BOOT_FAILED:
+            child.boot_failures += 1
+            child.boot_error = child.boot_error or f"exited with {described}"
+        if booting:
+            child.boot_error = child.boot_error or f"exited with {described} before it was ready"
+            return
+        if child.boot_failures >= MAX_RESPAWN_BOOT_FAILURES:
+            log.critical("child keeps failing to boot; stopping the broker",
+                         extra={"child": child.name, "reason": child.boot_error})
+            self.failure = f"{child.name} failed to boot: {child.boot_error}"
+            self.stopping = True
+            return
+        delay = min(5.0, 0.1 * 2 ** child.boot_failures) if child.boot_failures else 0.0
+        child.respawn_at = time.monotonic() + delay
+        metrics.CHILD_RESTARTS.labels(child.role).inc()
+        log.warning("child died; respawning", extra={"child": child.name, "exit": described,
+                                                      "respawn_in_s": delay})
+
+    def _respawn_due(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if not child.alive and child.respawn_at is not None and child.respawn_at <= now:
+                self._spawn(child)
+
+    def _stop_group(self, group: list[Child], grace: float) -> None:
+        for child in group:
+            _signal(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while any(child.alive for child in group):
+            if time.monotonic() > deadline or self._second_signal():
+                for child in group:
+                    if child.alive:
+                        log.warning("child did not stop in time; killing it",
+                                    extra={"child": child.name})
+                        _signal(child.pid, signal.SIGKILL)
+                deadline = float("inf")
+            self._wait(100)
+            self._reap(booting=False)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+
+    def _handle_signals(self) -> bool:
+        """Act on queued signals; True if one asked us to stop."""
+        while self._signals:
+            signum = self._signals.popleft()
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                log.info("stopping", extra={"signal": signal.Signals(signum).name})
+                self.stopping = True
+        return self.stopping
+
+    def _second_signal(self) -> bool:
+        """A SIGTERM/SIGINT during shutdown means: stop waiting, kill what is left."""
+        return any(s in (signal.SIGTERM, signal.SIGINT) for s in self._drain_signals())
+
+    def _drain_signals(self) -> list[int]:
+        drained = list(self._signals)
+        self._signals.clear()
+        return drained
+
+    def _wait(self, timeout_ms: int) -> None:
+        """Sleep until a notice, a signal or the timeout; then handle notices."""
+        poller = zmq.Poller()
+        poller.register(self._notices, zmq.POLLIN)
+        poller.register(self._wakeup_r, zmq.POLLIN)
+        events = dict(poller.poll(timeout_ms))
+        if self._wakeup_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wakeup_r, 4096)
+        while self._notices.poll(0, zmq.POLLIN):
+            self._on_notice(self._notices.recv())
+
+    def _on_notice(self, data: bytes) -> None:
+        try:
+            notice = messages.decode(data)
+        except Exception:
+            log.error("undecodable notice from a child")
+            return
+        if isinstance(notice, messages.Ready | messages.BootFailed):
+            child = self._find(notice.pid)
+            if child is None:
+                return
+            if isinstance(notice, messages.Ready):
+                child.ready = True
+                child.boot_failures = 0
+            else:
+                child.boot_error = notice.reason
+
+
+def _signal(pid: int, signum: int) -> None:
+    if pid > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)

@@ -1,0 +1,161 @@
+"""/metrics, /healthz and /readyz on ``KAFSCALE_METRICS_PORT``, served by the supervisor.
+
+- ``/healthz``: 200 while the supervisor runs (process alive).
+- ``/readyz``: 200 when every child is up and answered its last ping, and both backends answered
+  their last check; otherwise 503 with a JSON body listing what is not ready.
+- ``/metrics``: every process's samples, aggregated (prometheus-client multiprocess mode).
+
+A ``HealthChecker`` thread pings the children over their ZeroMQ sockets and checks the backends
+every few seconds; the HTTP threads only read its last verdict, so probes never block on S3/etcd.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+from kafscale import metrics
+from kafscale.ipc import endpoints, messages
+from kafscale.ipc.rpc import RpcClient, RpcError
+from kafscale.supervisor.arbiter import Child
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 2.0
+BACKEND_CHECK_INTERVAL_S = 5.0
+
+
+@dataclass
+class Verdict:
+    ready: bool = False
+    problems: list[str] = field(default_factory=lambda: ["starting"])
+
+
+class HealthChecker:
+    """Pings children and checks backends on its own thread; ``verdict`` is the latest result."""
+
+    def __init__(self, runtime_dir: str, children: list[Child],
+                 backend_checks: dict[str, Callable[[], None]]) -> None:
+        self.runtime_dir = runtime_dir
+        self.children = children
+        self.backend_checks = backend_checks
+        self.verdict = Verdict()
+        self._backend_problems: dict[str, str] = {}
+        self._backends_checked_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        clients: dict[str, RpcClient] = {}
+        try:
+            while not self._stop.is_set():
+                self.verdict = self._check(context, clients)
+                self._stop.wait(CHECK_INTERVAL_S)
+        finally:
+            for client in clients.values():
+                client.close()
+            context.term()
+
+    def _check(self, context: zmq.Context[zmq.Socket[bytes]],
+               clients: dict[str, RpcClient]) -> Verdict:
+        problems: list[str] = []
+        ready_children = 0
+        for child in list(self.children):
+            if not (child.alive and child.ready):
+                problems.append(f"{child.name} is not running")
+                continue
+            client = clients.get(child.name)
+            if client is None:
+                client = RpcClient(context, endpoints.address(self.runtime_dir, child.role,
+                                                              child.index))
+                clients[child.name] = client
+            try:
+                reply = client.call(messages.Ping(), timeout_ms=1000)
+            except RpcError as exc:
+                problems.append(f"{child.name} does not answer: {exc}")
+                continue
+            if isinstance(reply.message, messages.Pong):
+                ready_children += 1
+        metrics.CHILDREN_READY.set(ready_children)
+        if time.monotonic() - self._backends_checked_at >= BACKEND_CHECK_INTERVAL_S:
+            self._check_backends()
+        problems.extend(self._backend_problems.values())
+        return Verdict(ready=not problems, problems=problems)
+
+    def _check_backends(self) -> None:
+        for name, check in self.backend_checks.items():
+            try:
+                check()
+            except Exception as exc:
+                if name not in self._backend_problems:
+                    log.error("backend check failed", extra={"backend": name, "error": str(exc)})
+                self._backend_problems[name] = f"{name}: {exc}"
+                metrics.BACKEND_UP.labels(name).set(0)
+            else:
+                if self._backend_problems.pop(name, None):
+                    log.info("backend reachable again", extra={"backend": name})
+                metrics.BACKEND_UP.labels(name).set(1)
+        self._backends_checked_at = time.monotonic()
+
+
+class HealthServer:
+    def __init__(self, host: str, port: int, checker: HealthChecker) -> None:
+        handler = _handler_class(checker)
+        self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _handler_class(checker: HealthChecker) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                self._send(200, b"ok\n", "text/plain")
+            elif path == "/readyz":
+                verdict = checker.verdict
+                body = json.dumps({"ready": verdict.ready, "problems": verdict.problems})
+                self._send(200 if verdict.ready else 503, body.encode() + b"\n",
+                           "application/json")
+            elif path == "/metrics":
+                registry = CollectorRegistry()
+                multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes every few seconds would drown the log
+
+    return Handler

@@ -1,0 +1,200 @@
+"""The frontend's request processing, end to end from request bytes to response bytes."""
+
+import asyncio
+import io
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader
+
+from kafscale import config as configuration
+from kafscale.frontend import requests
+from kafscale.frontend.context import Broker
+from kafscale.frontend.dispatch import APIS
+from kafscale.metadata.records import BrokerRecord, TopicRecord
+from kafscale.metadata.view import Snapshot
+from kafscale.protocol import codec
+from kafscale.protocol.errors import ErrorCode, MalformedRequest, UnknownApi
+from tests.unit.protocol.test_codec import request_frame
+
+ORDERS_ID = uuid.uuid4()
+
+
+@dataclass
+class StaticView:
+    snapshot: Snapshot
+
+
+def make_broker(**env: str) -> Broker:
+    config = configuration.load({"KAFSCALE_BROKER_ID": "3", "KAFSCALE_BROKER_PORT": "19092",
+                                 **env})
+    snapshot = Snapshot(
+        revision=5, cluster_id="abcdefghijklmnopqrstuv",
+        brokers={3: BrokerRecord(node_id=3, host="127.0.0.1", port=19092),
+                 4: BrokerRecord(node_id=4, host="10.0.0.4", port=9092, rack="r1")},
+        topics={"orders": TopicRecord(name="orders", topic_id=str(ORDERS_ID), partitions=3)})
+    return Broker(config, StaticView(snapshot), APIS)
+
+
+def process(broker: Broker, frame: bytes) -> bytes | None:
+    return asyncio.run(requests.process(broker, frame, "test:1"))
+
+
+def decode_response(frame: bytes, api_key: int, version: int) -> tuple[int, Any]:
+    schema = load_response_schema(api_key, version)
+    (length,) = struct.unpack_from(">i", frame)
+    assert length == len(frame) - 4
+    header, header_size = entity_reader(schema.__header_schema__)(frame, 4)
+    body, body_size = entity_reader(schema)(frame, 4 + header_size)
+    assert 4 + header_size + body_size == len(frame)
+    return int(header.correlation_id), body
+
+
+def api_versions_request(version: int, name: str = "kafscale-tests",
+                         software_version: str = "1.0") -> Any:
+    return codec.build(load_request_schema(18, version), client_software_name=name,
+                       client_software_version=software_version)
+
+
+@pytest.mark.parametrize("version", range(5))
+def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
+    frame = process(make_broker(), request_frame(api_versions_request(version), 11))
+    assert frame is not None
+    correlation_id, response = decode_response(frame, 18, version)
+    assert correlation_id == 11
+    assert response.error_code == ErrorCode.none
+    advertised = {int(k.api_key): (int(k.min_version), int(k.max_version))
+                  for k in response.api_keys}
+    assert advertised == {18: (0, 4), 3: (0, 12)}
+
+
+def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
+    # A v9 request: we cannot parse its body, so only the header prefix is read.
+    frame = struct.pack(">hhi", 18, 9, 77) + b"\x00\x05hello\x00garbage"
+    response_frame = process(make_broker(), frame)
+    assert response_frame is not None
+    correlation_id, response = decode_response(response_frame, 18, 0)
+    assert correlation_id == 77
+    assert response.error_code == ErrorCode.unsupported_version
+    assert {int(k.api_key) for k in response.api_keys} == {3, 18}
+
+
+def test_api_versions_with_invalid_software_name_is_invalid_request() -> None:
+    frame = process(make_broker(), request_frame(api_versions_request(3, name="bad name!")))
+    assert frame is not None
+    _, response = decode_response(frame, 18, 3)
+    assert response.error_code == ErrorCode.invalid_request
+
+
+def metadata(version: int, topics: list[str | uuid.UUID] | None) -> Any:
+    schema = load_request_schema(3, version)
+    topic_class = codec.nested(schema, "MetadataRequestTopic")
+    entries = None if topics is None else tuple(
+        codec.build(topic_class, name=None, topic_id=t) if isinstance(t, uuid.UUID)
+        else codec.build(topic_class, name=t, topic_id=None)
+        for t in topics)
+    return codec.build(schema, topics=entries, allow_auto_topic_creation=False,
+                       include_cluster_authorized_operations=False,
+                       include_topic_authorized_operations=False)
+
+
+@pytest.mark.parametrize("version", range(13))
+def test_metadata_all_topics_every_version(version: int) -> None:
+    all_topics: list[str | uuid.UUID] | None = [] if version == 0 else None
+    frame = process(make_broker(), request_frame(metadata(version, all_topics)))
+    assert frame is not None
+    _, response = decode_response(frame, 3, version)
+    assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
+        (3, "127.0.0.1", 19092), (4, "10.0.0.4", 9092)]
+    if version >= 2:
+        assert response.cluster_id == "abcdefghijklmnopqrstuv"
+    if version >= 1:
+        assert response.controller_id == 3
+    [topic] = response.topics
+    assert topic.name == "orders" and topic.error_code == ErrorCode.none
+    assert [p.partition_index for p in topic.partitions] == [0, 1, 2]
+    assert all(p.leader_id == 3 and tuple(p.replica_nodes) == (3,) for p in topic.partitions)
+    if version >= 10:
+        assert topic.topic_id == ORDERS_ID
+
+
+def test_metadata_v1_empty_list_means_no_topics() -> None:
+    frame = process(make_broker(), request_frame(metadata(1, [])))
+    assert frame is not None
+    assert decode_response(frame, 3, 1)[1].topics == ()
+
+
+@pytest.mark.parametrize("version", [0, 4, 9, 12])
+def test_metadata_unknown_topic(version: int) -> None:
+    frame = process(make_broker(), request_frame(metadata(version, ["orders", "nope"])))
+    assert frame is not None
+    _, response = decode_response(frame, 3, version)
+    errors = {t.name: t.error_code for t in response.topics}
+    assert errors == {"orders": ErrorCode.none, "nope": ErrorCode.unknown_topic_or_partition}
+
+
+def test_metadata_v12_by_topic_id() -> None:
+    unknown = uuid.uuid4()
+    frame = process(make_broker(), request_frame(metadata(12, [ORDERS_ID, unknown])))
+    assert frame is not None
+    _, response = decode_response(frame, 3, 12)
+    assert [(t.name, t.topic_id, t.error_code) for t in response.topics] == [
+        ("orders", ORDERS_ID, ErrorCode.none), (None, unknown, ErrorCode.unknown_topic_id)]
+
+
+def test_this_broker_is_listed_even_before_its_registration_is_seen() -> None:
+    broker = make_broker()
+    broker.view.snapshot.brokers.clear()  # type: ignore[attr-defined]
+    frame = process(broker, request_frame(metadata(12, None)))
+    assert frame is not None
+    _, response = decode_response(frame, 3, 12)
+    assert [(b.node_id, b.port) for b in response.brokers] == [(3, 19092)]
+
+
+def test_unimplemented_api_gets_an_error_response_not_a_hang_up() -> None:
+    # FindCoordinator v0: known to Kafka, not implemented yet.
+    request = codec.build(load_request_schema(10, 0), key="group")
+    frame = process(make_broker(), request_frame(request, 5))
+    assert frame is not None
+    correlation_id, response = decode_response(frame, 10, 0)
+    assert correlation_id == 5
+    assert response.error_code == ErrorCode.unsupported_version
+
+
+def test_metadata_version_outside_our_range_gets_an_error_response() -> None:
+    request = codec.build(load_request_schema(3, 13), topics=None,
+                          allow_auto_topic_creation=False,
+                          include_topic_authorized_operations=False)
+    frame = process(make_broker(), request_frame(request))
+    assert frame is not None
+    _, response = decode_response(frame, 3, 13)
+    assert response.error_code == ErrorCode.unsupported_version
+
+
+def test_unknown_api_key_raises_the_decode_error() -> None:
+    with pytest.raises(UnknownApi):
+        process(make_broker(), struct.pack(">hhi", 4242, 0, 1) + b"\0\0")
+
+
+def test_version_kafka_never_defined_raises_the_decode_error() -> None:
+    with pytest.raises(MalformedRequest):
+        process(make_broker(), struct.pack(">hhi", 3, 400, 1) + b"\0\0")
+
+
+def test_malformed_body_raises_the_decode_error() -> None:
+    with pytest.raises(MalformedRequest):
+        process(make_broker(), struct.pack(">hhi", 3, 12, 1) + b"\xff\xff\xff")
+
+
+def test_correlation_id_and_header_versions_follow_the_request() -> None:
+    # Metadata v9 is flexible: request header v2, response header v1 (tagged fields).
+    frame = process(make_broker(), request_frame(metadata(9, None), correlation_id=-5))
+    assert frame is not None
+    assert decode_response(frame, 3, 9)[0] == -5
+    buffer = io.BytesIO(frame)
+    buffer.seek(8)
+    assert buffer.read(1) == b"\x00"  # empty tagged fields of response header v1

@@ -1,0 +1,108 @@
+import pathlib
+
+import pytest
+
+from kafscale import config as configuration
+from kafscale.config import ConfigError, MiB, load, parse_size
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_defaults() -> None:
+    config = load({})
+    assert config.broker_port == 9092
+    assert config.metrics_port == 9093
+    assert config.s3_namespace == "default"
+    assert config.segment_bytes == 4 * MiB
+    assert config.flush_interval_ms == 500
+    assert config.cache_size == 1024 * MiB
+    assert config.index_cache_size == 256 * MiB
+    assert config.readahead_segments == 2
+    assert config.max_request_bytes == 100 * MiB
+    assert config.auto_create_topics is True
+    assert config.auto_create_partitions == 1
+    assert config.compression_codec == "snappy"
+    assert config.shards >= 1
+    assert not config.uses_s3 and not config.uses_etcd
+
+
+def test_environment_and_flags() -> None:
+    env = {"KAFSCALE_BROKER_PORT": "19092", "KAFSCALE_SHARDS": "3",
+           "KAFSCALE_ETCD_ENDPOINTS": "127.0.0.1:2379, 10.0.0.2:2379",
+           "KAFSCALE_S3_BUCKET": "b", "KAFSCALE_S3_ENDPOINT": "http://127.0.0.1:9000",
+           "KAFSCALE_S3_PATH_STYLE": "true", "KAFSCALE_SEGMENT_BYTES": "8MiB"}
+    config = load(env, {"shards": "5", "broker_port": None})
+    assert config.broker_port == 19092
+    assert config.shards == 5  # the flag wins
+    assert config.etcd_endpoints == ("127.0.0.1:2379", "10.0.0.2:2379")
+    assert config.uses_s3 and config.uses_etcd and config.s3_path_style
+    assert config.segment_bytes == 8 * MiB
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("KAFSCALE_BROKER_PORT", "70000"),
+    ("KAFSCALE_BROKER_PORT", "http"),
+    ("KAFSCALE_SHARDS", "0"),
+    ("KAFSCALE_SEGMENT_BYTES", "4 potatoes"),
+    ("KAFSCALE_SEGMENT_BYTES", "12"),
+    ("KAFSCALE_AUTO_CREATE_TOPICS", "maybe"),
+    ("KAFSCALE_COMPRESSION_CODEC", "gzip2"),
+    ("KAFSCALE_LOG_LEVEL", "loud"),
+    ("KAFSCALE_ETCD_ENDPOINTS", "no-port"),
+    ("KAFSCALE_S3_ENDPOINT", "ftp://x:1"),
+    ("KAFSCALE_S3_NAMESPACE", "a/b"),
+    ("KAFSCALE_FLUSH_INTERVAL_MS", "-1"),
+])
+def test_invalid_values_name_the_variable(variable: str, value: str) -> None:
+    env = {variable: value}
+    if variable == "KAFSCALE_S3_ENDPOINT":
+        env["KAFSCALE_S3_BUCKET"] = "b"
+    with pytest.raises(ConfigError, match=variable):
+        load(env)
+
+
+def test_invalid_flag_names_flag_and_variable() -> None:
+    with pytest.raises(ConfigError, match=r"--broker-port.*KAFSCALE_BROKER_PORT"):
+        load({}, {"broker_port": "-3"})
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"KAFSCALE_S3_ENDPOINT": "http://127.0.0.1:9000"}, "KAFSCALE_S3_BUCKET"),
+    ({"KAFSCALE_S3_ACCESS_KEY": "a"}, "KAFSCALE_S3_SECRET_KEY"),
+    ({"KAFSCALE_METRICS_PORT": "9092"}, "KAFSCALE_METRICS_PORT"),
+])
+def test_inconsistent_settings(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(env)
+
+
+@pytest.mark.parametrize(("text", "size"), [("1024", 1024), ("4MiB", 4 * MiB), ("1GB", 1024 * MiB),
+                                            ("256mb", 256 * MiB), ("10k", 10240)])
+def test_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_secrets_are_masked_in_the_logged_configuration() -> None:
+    config = load({"KAFSCALE_S3_ACCESS_KEY": "a", "KAFSCALE_S3_SECRET_KEY": "hunter2"})
+    assert config.public_dict()["s3_secret_key"] == "***"
+    assert "hunter2" not in repr(config.public_dict())
+
+
+def test_config_survives_the_trip_to_the_children() -> None:
+    config = load({"KAFSCALE_ETCD_ENDPOINTS": "127.0.0.1:2379"})
+    assert configuration.Config.from_json_dict(config.to_json_dict()) == config
+
+
+def test_unknown_variables_are_reported() -> None:
+    assert configuration.unknown_variables({"KAFSCALE_BROKER_PROT": "1", "HOME": "/"}) == [
+        "KAFSCALE_BROKER_PROT"]
+
+
+def test_wildcard_bind_advertises_a_connectable_host() -> None:
+    assert load({"KAFSCALE_BROKER_HOST": "0.0.0.0"}).advertised_listener_host != "0.0.0.0"
+    assert load({"KAFSCALE_ADVERTISED_HOST": "kafka.example"}).advertised_listener_host == \
+        "kafka.example"
+
+
+def test_readme_configuration_table_is_the_settings_table() -> None:
+    assert configuration.markdown_table() in README.read_text()
