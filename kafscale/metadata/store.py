@@ -11,7 +11,9 @@ Semantics both backends keep (the contract tests in tests/unit/metadata hold the
 - ``transaction`` applies its operations atomically when every ``Compare`` holds (else the
   ``failure`` operations); this is how every state-dependent write is made (compare-and-set).
 - ``watch_prefix`` delivers every later change under a prefix, in revision order, on a background
-  thread; ``cancel`` stops it.
+  thread; ``cancel`` stops it (no callback runs after ``cancel`` returns). A watch never skips
+  events silently: if the history it needs was compacted away it raises ``RevisionCompacted`` (at
+  ``watch_prefix``) or ends and reports it to ``on_error``; the caller re-reads and watches again.
 - A key put with a lease is deleted when the lease expires or is revoked (and watchers see it).
 - An unreachable backend raises ``MetadataStoreUnavailable`` whose message names the endpoint.
 """
@@ -34,6 +36,14 @@ class MetadataStoreUnavailable(MetadataStoreError):
 
 class LeaseExpired(MetadataStoreError):
     """The lease no longer exists (it expired or was revoked)."""
+
+
+class RevisionCompacted(MetadataStoreError):
+    """A watch needs history older than the store keeps (``compact_revision`` and before)."""
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +151,14 @@ class MetadataStore(Protocol):
                     failure: Sequence[Operation] = ()) -> TxnResult: ...
 
     def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None],
-                     start_revision: int | None = None) -> Watch:
-        """Deliver changes under ``prefix`` after ``start_revision`` (default: from now on)."""
+                     start_revision: int | None = None,
+                     on_error: Callable[[MetadataStoreError], None] | None = None) -> Watch:
+        """Deliver changes under ``prefix`` after ``start_revision`` (default: from now on).
+
+        Raises ``RevisionCompacted`` if events after ``start_revision`` are no longer kept. If the
+        watch later ends because of an error (its history was compacted while it lagged or was
+        disconnected), ``on_error`` is called once on the watch's thread; without it the error is
+        logged. Transient disconnects are retried and do not end the watch."""
         ...
 
     def grant_lease(self, ttl_seconds: int) -> Lease: ...

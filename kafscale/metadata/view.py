@@ -17,7 +17,13 @@ import msgspec
 
 from kafscale.metadata import records
 from kafscale.metadata.records import BrokerRecord, Keys, TopicRecord
-from kafscale.metadata.store import EventType, MetadataStore, Watch, WatchEvent
+from kafscale.metadata.store import (
+    EventType,
+    MetadataStore,
+    MetadataStoreError,
+    Watch,
+    WatchEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ class MetadataView:
         self.snapshot = Snapshot()
         self._listeners: list[Callable[[Snapshot], None]] = []
         self._watch: Watch | None = None
+        self._stopped = threading.Event()
 
     def start(self) -> None:
         """Load the namespace and follow changes from the revision loaded."""
@@ -45,15 +52,36 @@ class MetadataView:
         snapshot = Snapshot(revision=revision)
         for kv in self._store.get_prefix(self._keys.root):
             snapshot = self._apply(snapshot, EventType.PUT, kv.key, kv.value, kv.mod_revision)
-        self.snapshot = snapshot
+        with self._lock:
+            self.snapshot = snapshot
         self._watch = self._store.watch_prefix(self._keys.root, self._on_event,
-                                               start_revision=revision)
+                                               start_revision=revision,
+                                               on_error=self._on_watch_error)
+        for listener in self._listeners:
+            listener(snapshot)
+
+    def _on_watch_error(self, error: MetadataStoreError) -> None:
+        """The watch ended (history compacted while it lagged): load afresh and watch again."""
+        log.warning("metadata watch ended; reloading", extra={"error": str(error)})
+        threading.Thread(target=self._reload, name="metadata-view-reload", daemon=True).start()
+
+    def _reload(self) -> None:
+        delay = 0.1
+        while not self._stopped.is_set():
+            try:
+                self.start()
+                return
+            except MetadataStoreError as exc:
+                log.error("cannot reload metadata; retrying", extra={"error": str(exc)})
+                self._stopped.wait(delay)
+                delay = min(delay * 2, 5.0)
 
     def on_change(self, listener: Callable[[Snapshot], None]) -> None:
         """Call ``listener`` (on the watch thread) with every new snapshot."""
         self._listeners.append(listener)
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
