@@ -40,7 +40,7 @@ class ObjectInfo:
 class ObjectStore(Protocol):
     @property
     def description(self) -> str:
-        """Where objects go, for logs and error messages (``s3://bucket (endpoint ...)``, a path)."""
+        """Where objects go, for logs and errors (``s3://bucket (endpoint ...)``, a path)."""
         ...
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
