@@ -1,0 +1,372 @@
+"""Per-partition append buffers in POSIX shared memory (Linux /dev/shm).
+
+A shard owns one buffer per open segment of a partition and is its only writer (one thread); the
+flusher and frontends attach by name and read committed bytes in place. This module owns the
+layout, the publication protocol and the segment names the supervisor sweeps. Data is opaque.
+
+Protocol, one writer and many reader processes:
+
+- ``append`` copies the bytes past ``committed`` and only THEN publishes the new ``committed``.
+  Bytes below ``committed`` never change within a generation.
+- Header fields readers need together are published under a sequence lock: the writer makes
+  ``seq`` odd, stores the fields, makes it even; ``snapshot()`` retries until it reads the same
+  even ``seq`` before and after.
+- ``reset(base_offset)`` bumps ``generation`` (zeroing ``committed``) before any old byte is
+  overwritten, so positions mean something only within one generation. ``read()`` copies, then
+  re-reads the generation: unchanged means the copy is intact, else it returns None. ``view()``
+  is zero-copy and cannot be checked afterwards: the caller holds a lease (the owner resets only
+  after the flusher released the buffer, arranged over IPC) and ``is_current(generation)`` after
+  use says whether the lease was honoured.
+
+Memory model: header words are 8-byte aligned and each is stored or loaded by one ``struct`` call;
+on a little-endian host ``"<Q"`` uses CPython's native packer, a fixed 8-byte memcpy compiled to
+one store/load, so no word is torn. x86-64 is TSO: other cores see our stores in program order and
+loads are not reordered with loads; the interpreter issues each step as a separate C call in
+program order, and the GIL (per process) orders nothing across processes. So "data, then
+committed" (writer) and "seq, header, seq, data, generation" (reader) are enough. arm64 may make
+stores visible out of order and pure Python cannot emit a fence: there neither ordering is
+guaranteed, only made unlikely by the thousands of instructions between the stores, so on arm64
+check the CRC32C each record batch carries before serving it (a small C fence helper would fix it).
+
+Lifecycle: Python 3.11's resource tracker registers every SharedMemory, attach included, and
+unlinks it when the registering process tree exits, so a reader's exit would destroy a shard's
+buffer. We unregister right after create/attach: the owner unlinks on ``destroy()``, readers only
+``close()``, the supervisor sweeps a run's leftovers. A SIGKILLed shard's segments stay until
+swept, so a restarted shard can re-adopt one (``attach(name, writable=True)``) and recover acks=1
+data that was never flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+
+SHM_DIR = "/dev/shm"
+MAGIC = b"KSBF"
+VERSION = 1
+
+_HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("magic", "4s"),  # b"KSBF": we refuse to attach to anything else in /dev/shm
+    ("version", "I"),  # layout version of this header
+    ("capacity", "Q"),  # bytes in the data region that follows the header
+    ("seq", "Q"),  # seqlock: odd while the writer changes the fields below
+    ("generation", "Q"),  # bumped by reset(); positions are meaningful within one generation
+    ("committed", "Q"),  # bytes of data that are complete and visible to readers
+    ("base_offset", "q"),  # Kafka offset of the first batch in the buffer
+    ("sealed", "Q"),  # 1 once seal() ran: no more appends in this generation
+    ("batch_count", "Q"),  # appends since the last reset
+    ("record_count", "Q"),  # records in those appends, as the writer reported them
+)
+HEADER = struct.Struct("<" + "".join(fmt for _, fmt in _HEADER_FIELDS))
+_OFFSET = {
+    name: struct.calcsize("<" + "".join(fmt for _, fmt in _HEADER_FIELDS[:i]))
+    for i, (name, _) in enumerate(_HEADER_FIELDS)
+}
+_WORD = {name: struct.Struct("<" + fmt) for name, fmt in _HEADER_FIELDS if fmt in ("Q", "q")}
+assert all(_OFFSET[name] % 8 == 0 for name in _WORD), "header words must be 8-byte aligned"
+_AT = {name: i for i, (name, _) in enumerate(_HEADER_FIELDS)}  # index in HEADER.unpack()
+DATA_START = -(-HEADER.size // 64) * 64  # the data region starts at the next cache line
+
+_EMPTY = {"committed": 0, "sealed": 0, "batch_count": 0, "record_count": 0}
+_RUN_ID = re.compile(r"[0-9A-Za-z]{1,32}")
+
+
+class PartitionBufferError(Exception):
+    """Base of this module's errors."""
+
+
+class BufferFull(PartitionBufferError):
+    """The append does not fit: seal this buffer and roll to a new one."""
+
+
+class BufferSealed(PartitionBufferError):
+    """The buffer was sealed; appends go to the next buffer."""
+
+
+class BufferFormatError(PartitionBufferError):
+    """The named segment is not a KafScale partition buffer of this layout."""
+
+
+class StaleBufferError(PartitionBufferError):
+    """The buffer was reset since the caller read its positions."""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferState:
+    """A consistent snapshot of the header fields readers need, in header order."""
+
+    generation: int
+    committed: int
+    base_offset: int
+    sealed: bool
+    batch_count: int
+    record_count: int
+
+
+def run_prefix(run_id: str) -> str:
+    """The prefix every segment name of one broker run starts with."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise ValueError(f"run id must be 1-32 letters or digits, got {run_id!r}")
+    return f"kafscale-{run_id}-"
+
+
+def segment_name(run_id: str, shard: int, slot: int) -> str:
+    if shard < 0 or slot < 0:
+        raise ValueError(f"shard and slot must be >= 0, got {shard}, {slot}")
+    return f"{run_prefix(run_id)}s{shard}-b{slot}"
+
+
+def sweep_segments(run_id: str) -> list[str]:
+    """Unlink every segment of the run from /dev/shm; return the names removed."""
+    return _sweep(run_prefix(run_id))
+
+
+def sweep_shard_segments(run_id: str, shard: int) -> list[str]:
+    """Unlink one shard's segments of the run (the shard restarts without recovering them)."""
+    return _sweep(f"{run_prefix(run_id)}s{shard}-")
+
+
+def _sweep(prefix: str) -> list[str]:
+    removed = []
+    for entry in sorted(os.listdir(SHM_DIR)):
+        if entry.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):  # its owner destroyed it meanwhile
+                os.unlink(os.path.join(SHM_DIR, entry))
+                removed.append(entry)
+    return removed
+
+
+def _open(name: str, create: bool, size: int = 0) -> SharedMemory:
+    """Open a segment whose lifecycle is ours alone, not the resource tracker's."""
+    if not name or "/" in name:
+        raise ValueError(f"invalid segment name {name!r}")
+    try:
+        if sys.version_info >= (3, 13):
+            return SharedMemory(name, create=create, size=size, track=False)
+        shm = SharedMemory(name, create=create, size=size)
+    except ValueError as exc:  # mmap refuses an empty file
+        raise BufferFormatError(f"segment {name!r} is empty: not a KafScale buffer") from exc
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    return shm
+
+
+class PartitionBuffer:
+    """One append buffer: the owner appends, seals and resets; readers snapshot and read."""
+
+    _seq: int
+    _committed: int
+    _batches: int
+    _records: int
+
+    def __init__(self, shm: SharedMemory, writable: bool) -> None:
+        """Use create() or attach(): this wraps an already validated segment."""
+        assert shm.buf is not None
+        self._shm: SharedMemory | None = shm
+        self.name, self.writable = shm.name, writable
+        self._mem = shm.buf if writable else shm.buf.toreadonly()
+        fields = HEADER.unpack_from(self._mem)
+        self.capacity: int = fields[_AT["capacity"]]
+        self._data = self._mem[DATA_START : DATA_START + self.capacity]
+        self._ro = self._data.toreadonly()
+        self._exported: list[weakref.ref[memoryview]] = []
+        # The writer's own copy of what it publishes; it is the only one changing the header.
+        self._seq, _, self._committed, _, sealed, self._batches, self._records = fields[
+            _AT["seq"] :
+        ]
+        self._sealed = bool(sealed)
+        # An owner that died between the two seq stores left it odd; readers would wait forever.
+        # The header may then be half-updated: the new owner should verify batch CRCs.
+        self.interrupted = writable and bool(self._seq & 1)
+        if self.interrupted:
+            self._seq += 1
+            _WORD["seq"].pack_into(self._mem, _OFFSET["seq"], self._seq)
+
+    @classmethod
+    def create(cls, name: str, capacity: int, base_offset: int = 0) -> PartitionBuffer:
+        """Create a new segment (FileExistsError if the name is taken) and own it."""
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        shm = _open(name, create=True, size=DATA_START + capacity)
+        assert shm.buf is not None
+        # Magic goes in last: a reader racing the creation sees "not a buffer", never half a header.
+        HEADER.pack_into(shm.buf, 0, bytes(4), VERSION, capacity, 0, 0, 0, base_offset, 0, 0, 0)
+        shm.buf[0:4] = MAGIC
+        return cls(shm, writable=True)
+
+    @classmethod
+    def attach(cls, name: str, writable: bool = False) -> PartitionBuffer:
+        """Attach to an existing segment; writable=True re-adopts it as owner after a restart.
+
+        The caller guarantees the previous owner is dead: this module does no fencing.
+        """
+        shm = _open(name, create=False)
+        try:
+            _validate(shm)
+        except BaseException:
+            shm.close()
+            raise
+        return cls(shm, writable)
+
+    # -- writer: the owning shard -----------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, *, records: int = 0) -> int:
+        """Copy data in, then publish it; return its start. `records` feeds record_count."""
+        self._require_writer()
+        if self._sealed:
+            raise BufferSealed(f"{self.name} is sealed")
+        src = memoryview(data).cast("B")
+        start = self._committed
+        end = start + src.nbytes
+        if end > self.capacity:
+            raise BufferFull(f"{self.name}: {src.nbytes} bytes do not fit at {start}")
+        self._data[start:end] = src  # the bytes first ...
+        self._committed = end
+        self._batches += 1
+        self._records += records
+        # ... then the position that makes them visible
+        self._publish(committed=end, batch_count=self._batches, record_count=self._records)
+        return start
+
+    def seal(self) -> None:
+        """Refuse further appends in this generation."""
+        self._require_writer()
+        self._sealed = True
+        self._publish(sealed=1)
+
+    def reset(self, base_offset: int) -> None:
+        """Start a new, empty generation at base_offset (after the flusher released the buffer)."""
+        self._require_writer()
+        self._committed = self._batches = self._records = 0
+        self._sealed = False
+        self._publish(generation=self.generation + 1, base_offset=base_offset, **_EMPTY)
+
+    def _publish(self, **fields: int) -> None:
+        mem, seq = self._mem, _WORD["seq"]
+        self._seq += 1
+        seq.pack_into(mem, _OFFSET["seq"], self._seq)  # odd: readers retry
+        for name, value in fields.items():
+            _WORD[name].pack_into(mem, _OFFSET[name], value)
+        self._seq += 1
+        seq.pack_into(mem, _OFFSET["seq"], self._seq)
+
+    def _require_writer(self) -> None:
+        if not self.writable:
+            raise PermissionError(f"{self.name} is attached read-only")
+
+    # -- readers: flusher, frontends (and the owner) ----------------------------------------
+
+    def snapshot(self, timeout: float = 1.0) -> BufferState:
+        """Read the header consistently; TimeoutError if the writer stays mid-update (crashed)."""
+        mem, seq, seq_at = self._mem, _WORD["seq"], _OFFSET["seq"]
+        spins, deadline = 0, 0.0
+        while True:
+            before = seq.unpack_from(mem, seq_at)[0]
+            if not before & 1:
+                fields = HEADER.unpack_from(mem)
+                if seq.unpack_from(mem, seq_at)[0] == before:
+                    gen, committed, base, sealed, batches, records = fields[_AT["generation"] :]
+                    return BufferState(gen, committed, base, bool(sealed), batches, records)
+            spins += 1
+            if spins > 100:  # the writer was descheduled mid-update, or died there
+                now = time.monotonic()
+                deadline = deadline or now + timeout
+                if now > deadline:
+                    raise TimeoutError(f"{self.name}: writer stuck mid-update (seq {before})")
+                time.sleep(0)
+
+    @property
+    def generation(self) -> int:
+        return int(_WORD["generation"].unpack_from(self._mem, _OFFSET["generation"])[0])
+
+    def is_current(self, generation: int) -> bool:
+        """Whether no reset happened since `generation`: bytes read under it were intact."""
+        return self.generation == generation
+
+    def read(self, start: int, end: int, generation: int | None = None) -> bytes | None:
+        """Copy committed bytes [start, end); None if the buffer was (or gets) reset meanwhile."""
+        state = self.snapshot()
+        if generation is not None and generation != state.generation:
+            return None
+        _check_range(start, end, state.committed)
+        with self._ro[start:end] as src:
+            data = bytes(src)
+        return data if self.is_current(state.generation) else None
+
+    def view(self, start: int, end: int, generation: int) -> memoryview:
+        """Zero-copy read-only view of committed bytes [start, end) of `generation`.
+
+        Valid only while the caller holds a lease on the buffer; release() it when done (close()
+        releases those still open). StaleBufferError if the buffer is past `generation` already.
+        """
+        state = self.snapshot()
+        if generation != state.generation:
+            raise StaleBufferError(f"{self.name}: generation {generation} is gone")
+        _check_range(start, end, state.committed)
+        view = self._ro[start:end]
+        if len(self._exported) >= 64:
+            self._exported = [ref for ref in self._exported if ref() is not None]
+        self._exported.append(weakref.ref(view))
+        return view
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap this process's mapping; the segment itself stays. Idempotent.
+
+        Views handed out by view() are released first. BufferError if the caller still holds a
+        slice of one or an export (e.g. a pending send): release it and call close() again.
+        """
+        if self._shm is None:
+            return
+        for ref in self._exported:
+            view = ref()
+            if view is not None:
+                with contextlib.suppress(BufferError):  # exported onwards: shm.close() says so
+                    view.release()
+        self._exported.clear()
+        for view in (self._ro, self._data, self._mem):
+            view.release()
+        try:
+            self._shm.close()
+        except BufferError as exc:
+            raise BufferError(f"{self.name}: a view of it is still alive; release it") from exc
+        self._shm = None
+
+    def destroy(self) -> None:
+        """Owner only: unlink the segment, then close. Readers keep their mapping until close."""
+        self._require_writer()
+        with contextlib.suppress(FileNotFoundError):  # swept already
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        self.close()
+
+    def __enter__(self) -> PartitionBuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _validate(shm: SharedMemory) -> None:
+    buf, name = shm.buf, shm.name
+    assert buf is not None
+    magic = bytes(buf[:4])
+    if magic != MAGIC or shm.size < DATA_START:
+        raise BufferFormatError(f"segment {name!r} is not a KafScale buffer (starts {magic!r})")
+    _, version, capacity = HEADER.unpack_from(buf)[:3]
+    if version != VERSION:
+        raise BufferFormatError(f"segment {name!r} has layout version {version}, not {VERSION}")
+    if DATA_START + capacity > shm.size:
+        raise BufferFormatError(f"segment {name!r} claims {capacity} bytes in {shm.size}")
+
+
+def _check_range(start: int, end: int, committed: int) -> None:
+    if not 0 <= start <= end <= committed:
+        raise ValueError(f"range [{start}, {end}) is outside committed data [0, {committed})")
