@@ -133,11 +133,11 @@ class RpcClient:
 
     def call(self, message: Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply:
         request_id = REQUEST_ID.pack(next(self._ids))
-        try:
-            self.socket.send_multipart([request_id, messages.encode(message), *bulk],
-                                       flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            raise PeerUnavailable(f"nothing listens on {self.address}") from None
+        # IMMEDIATE: nothing queues for a peer that is not connected; a fresh or reconnecting
+        # socket gets the timeout to (re)establish the connection before we give up.
+        if not self.socket.poll(timeout_ms, zmq.POLLOUT):
+            raise PeerUnavailable(f"nothing listens on {self.address}")
+        self.socket.send_multipart([request_id, messages.encode(message), *bulk], copy=False)
         deadline_ms = timeout_ms
         while self.socket.poll(deadline_ms, zmq.POLLIN):
             frames = self.socket.recv_multipart(copy=False)
@@ -170,11 +170,10 @@ class AsyncRpcClient:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            try:
-                await self.socket.send_multipart([request_id, messages.encode(message), *bulk],
-                                                 flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                raise PeerUnavailable(f"nothing listens on {self.address}") from None
+            if not await self.socket.poll(int(timeout * 1000), zmq.POLLOUT):
+                raise PeerUnavailable(f"nothing listens on {self.address}")
+            await self.socket.send_multipart([request_id, messages.encode(message), *bulk],
+                                             copy=False)
             try:
                 return await asyncio.wait_for(future, timeout)
             except TimeoutError:

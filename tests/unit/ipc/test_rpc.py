@@ -1,0 +1,140 @@
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from kafscale.ipc import messages
+from kafscale.ipc.rpc import (
+    AsyncRpcClient,
+    Incoming,
+    PeerUnavailable,
+    RpcClient,
+    RpcServer,
+    RpcTimeout,
+    serve_until,
+)
+
+PONG = messages.Pong(role="shard", index=1, pid=42, started_at=1.5)
+
+
+@pytest.fixture
+def address(tmp_path: Path) -> str:
+    return f"ipc://{tmp_path}/server.sock"
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ctx.term()
+
+
+class Server:
+    """An RpcServer on a thread: Ping -> Pong; an ErrorReply echoes bulk frames back."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+        self.stopping = threading.Event()
+        self.server = RpcServer(context, address)
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        def echo(incoming: Incoming) -> messages.Message:
+            size = sum(len(frame.bytes) for frame in incoming.bulk)
+            return messages.ErrorReply(message=f"{len(incoming.bulk)} frames, {size} bytes")
+
+        try:
+            serve_until(self.stopping, self.server, {messages.Ping: lambda _: PONG,
+                                                     messages.ErrorReply: echo}, idle_ms=20)
+        finally:
+            self.server.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+def test_messages_round_trip_by_tag() -> None:
+    for message in (PONG, messages.Ping(), messages.Ready(role="frontend", index=0, pid=1),
+                    messages.BootFailed(role="flusher", index=0, pid=2, reason="S3 down")):
+        assert messages.decode(messages.encode(message)) == message
+    with pytest.raises(msgspec.DecodeError):
+        messages.decode(b"\x93garbage")
+
+
+def test_call_and_reply_with_bulk_frames(context: zmq.Context[zmq.Socket[bytes]],
+                                         address: str) -> None:
+    server = Server(context, address)
+    client = RpcClient(context, address)
+    try:
+        assert client.call(messages.Ping(), timeout_ms=5000).message == PONG
+        payload = memoryview(bytes(range(256)) * 4096)  # sent without a copy
+        reply = client.call(messages.ErrorReply(message="echo"), [payload, b"xy"],
+                            timeout_ms=5000)
+        assert reply.message == messages.ErrorReply(message="2 frames, 1048578 bytes")
+        # A request type the server has no handler for gets an ErrorReply, not silence.
+        reply = client.call(messages.Ready(role="x", index=0, pid=0), timeout_ms=5000)
+        assert isinstance(reply.message, messages.ErrorReply)
+        assert "unexpected Ready" in reply.message.message
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_absent_peer_fails_fast(context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    client = RpcClient(context, address)
+    with pytest.raises(PeerUnavailable):
+        client.call(messages.Ping(), timeout_ms=100)
+    client.close()
+
+
+def test_silent_peer_times_out(context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    silent = context.socket(zmq.ROUTER)
+    silent.bind(address)
+    client = RpcClient(context, address)
+    with pytest.raises(RpcTimeout):
+        client.call(messages.Ping(), timeout_ms=200)
+    client.close()
+    silent.close(linger=0)
+
+
+def test_client_reconnects_to_a_restarted_server(context: zmq.Context[zmq.Socket[bytes]],
+                                                 address: str) -> None:
+    client = RpcClient(context, address)
+    server = Server(context, address)
+    assert client.call(messages.Ping(), timeout_ms=5000).message == PONG
+    server.stop()
+    server = Server(context, address)  # a respawned child binds the same path
+    try:
+        assert client.call(messages.Ping(), timeout_ms=5000).message == PONG
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_async_client_matches_concurrent_replies(context: zmq.Context[zmq.Socket[bytes]],
+                                                 address: str) -> None:
+    server = Server(context, address)
+
+    async def many() -> list[messages.Message]:
+        async_context = zmq.asyncio.Context()
+        client = AsyncRpcClient(async_context, address)
+        try:
+            replies = await asyncio.gather(*(
+                client.call(messages.ErrorReply(message="echo"), [b"x" * n], timeout=10)
+                for n in range(50)))
+            return [reply.message for reply in replies]
+        finally:
+            client.close()
+            async_context.term()
+
+    try:
+        results = asyncio.run(many())
+    finally:
+        server.stop()
+    assert results == [messages.ErrorReply(message=f"1 frames, {n} bytes") for n in range(50)]
