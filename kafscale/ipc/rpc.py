@@ -170,7 +170,8 @@ class AsyncRpcClient:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            if not await self.socket.poll(int(timeout * 1000), zmq.POLLOUT):
+            ready = await self.socket.poll(int(timeout * 1000), zmq.POLLOUT)  # type: ignore[call-arg]
+            if not ready:
                 raise PeerUnavailable(f"nothing listens on {self.address}")
             await self.socket.send_multipart([request_id, messages.encode(message), *bulk],
                                              copy=False)
