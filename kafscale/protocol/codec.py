@@ -4,7 +4,9 @@ Sans-io: bytes in, values out. A request frame is a request header (v1, or v2 fo
 versions: kio's request classes name theirs) followed by the body of the API and version the
 header declares. ``peek_header`` reads only the fixed 8-byte prefix, which is all that is needed
 to answer a request whose body cannot be parsed (KIP-511: an unsupported ApiVersions version).
-Every decode must consume the whole frame; leftover bytes mean a malformed request.
+Bytes left after the body are ignored, as Apache Kafka's generated parsers do: librdkafka 2.x
+sends Metadata v12 with three trailing bytes (tests/unit/protocol/test_golden.py), and a broker
+that refused them would lock out every librdkafka client.
 """
 
 from __future__ import annotations
@@ -86,10 +88,6 @@ def decode_request(frame: bytes,
     except (KioDecodeError, ValueError, UnicodeDecodeError) as exc:
         name = schema.__name__
         raise MalformedRequest(f"{name} v{schema.__version__} does not parse: {exc}") from None
-    if header_size + body_size != len(frame):
-        extra = len(frame) - header_size - body_size
-        raise MalformedRequest(f"{schema.__name__} v{schema.__version__} has {extra} bytes left "
-                               f"over after the body")
     return RequestHeader(int(header.request_api_key), int(header.request_api_version),
                          int(header.correlation_id), header.client_id), body
 

@@ -81,6 +81,6 @@ def test_kafka_python_describes_the_cluster(running_broker: Any) -> None:
         cluster = admin.describe_cluster()
     finally:
         admin.close()
-    assert [(b["node_id"], b["host"], b["port"]) for b in cluster["brokers"]] == [
+    assert [(b["broker_id"], b["host"], b["port"]) for b in cluster["brokers"]] == [
         (0, "127.0.0.1", running_broker.port)]
     assert cluster["controller_id"] == 0
