@@ -84,7 +84,7 @@ def decode_request(frame: bytes,
     """Decode header and body of ``frame`` whose API and version ``schema`` models."""
     try:
         header, header_size = entity_reader(schema.__header_schema__)(frame, 0)
-        body, body_size = entity_reader(schema)(frame, header_size)
+        body, _ = entity_reader(schema)(frame, header_size)  # trailing bytes: see above
     except (KioDecodeError, ValueError, UnicodeDecodeError) as exc:
         name = schema.__name__
         raise MalformedRequest(f"{name} v{schema.__version__} does not parse: {exc}") from None
