@@ -23,12 +23,16 @@ from kafscale.protocol import codec
 def frames(api: str, count: int) -> bytes:
     request: Any
     if api == "metadata":
-        request = codec.build(load_request_schema(3, 12), topics=None,
-                              allow_auto_topic_creation=False,
-                              include_topic_authorized_operations=False)
+        request = codec.build(
+            load_request_schema(3, 12),
+            topics=None,
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
     else:
-        request = codec.build(load_request_schema(18, 3), client_software_name="bench",
-                              client_software_version="1")
+        request = codec.build(
+            load_request_schema(18, 3), client_software_name="bench", client_software_version="1"
+        )
     out = bytearray()
     for correlation_id in range(count):
         frame = codec.encode_request(request, correlation_id)
@@ -42,7 +46,7 @@ async def one_connection(host: str, port: int, payload: bytes, count: int, windo
     sent = answered = 0
     while answered < count:
         while sent < count and sent - answered < window:
-            writer.write(payload[sent * size:(sent + 1) * size])
+            writer.write(payload[sent * size : (sent + 1) * size])
             sent += 1
         await writer.drain()
         (length,) = struct.unpack(">i", await reader.readexactly(4))
@@ -55,8 +59,9 @@ async def measure(bootstrap: str, api: str, connections: int, count: int, window
     host, port = bootstrap.rsplit(":", 1)
     payload = frames(api, count)
     started = time.perf_counter()
-    await asyncio.gather(*(one_connection(host, int(port), payload, count, window)
-                           for _ in range(connections)))
+    await asyncio.gather(
+        *(one_connection(host, int(port), payload, count, window) for _ in range(connections))
+    )
     return connections * count / (time.perf_counter() - started)
 
 
@@ -68,8 +73,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000, help="per connection")
     parser.add_argument("--window", type=int, default=16, help="requests in flight")
     args = parser.parse_args()
-    rates = [asyncio.run(measure(b, args.api, args.connections, args.requests, args.window))
-             for b in args.bootstrap]
+    rates = [
+        asyncio.run(measure(b, args.api, args.connections, args.requests, args.window))
+        for b in args.bootstrap
+    ]
     for bootstrap, rate in zip(args.bootstrap, rates, strict=True):
         print(f"{bootstrap:24} {args.api:12} {rate:10.0f} req/s  ratio {rate / rates[0]:.2f}")
 

@@ -15,15 +15,22 @@ VERSION = "0.1.0"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kafscale",
-                                     description="A Kafka-protocol broker backed by S3 and etcd")
+    parser = argparse.ArgumentParser(
+        prog="kafscale", description="A Kafka-protocol broker backed by S3 and etcd"
+    )
     parser.add_argument("--version", action="version", version=f"kafscale {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run a broker",
-                                description="Run a broker. Each flag overrides its variable.")
+    serve = commands.add_parser(
+        "serve", help="run a broker", description="Run a broker. Each flag overrides its variable."
+    )
     for setting in configuration.SETTINGS:
-        serve.add_argument(setting.flag, dest=setting.field, metavar="VALUE", default=None,
-                           help=f"{setting.help} [{setting.env}, default {setting.default!r}]")
+        serve.add_argument(
+            setting.flag,
+            dest=setting.field,
+            metavar="VALUE",
+            default=None,
+            help=f"{setting.help} [{setting.env}, default {setting.default!r}]",
+        )
     return parser
 
 

@@ -33,8 +33,19 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
-               "g": GiB, "gb": GiB, "gib": GiB}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": MiB,
+    "mb": MiB,
+    "mib": MiB,
+    "g": GiB,
+    "gb": GiB,
+    "gib": GiB,
+}
 
 
 def parse_size(text: str) -> int:
@@ -119,50 +130,103 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("broker_host", "127.0.0.1", _text,
-            "Address the Kafka listener binds to and advertises to clients"),
+    Setting(
+        "broker_host",
+        "127.0.0.1",
+        _text,
+        "Address the Kafka listener binds to and advertises to clients",
+    ),
     Setting("broker_port", "9092", _int_in(0, 65535), "Kafka protocol port"),
-    Setting("advertised_host", "", _text,
-            "Host advertised in Metadata responses (default: KAFSCALE_BROKER_HOST; "
-            "0.0.0.0 advertises the machine's hostname)"),
+    Setting(
+        "advertised_host",
+        "",
+        _text,
+        "Host advertised in Metadata responses (default: KAFSCALE_BROKER_HOST; "
+        "0.0.0.0 advertises the machine's hostname)",
+    ),
     Setting("metrics_port", "9093", _int_in(0, 65535), "Port of /metrics, /healthz and /readyz"),
     Setting("broker_id", "0", _int_in(0, 2**31 - 1), "This broker's node id"),
-    Setting("data_dir", "./data", _text,
-            "Directory of the embedded backends (segments and SQLite metadata)"),
-    Setting("s3_bucket", "", _text,
-            "S3 bucket for segments; empty = store segments under KAFSCALE_DATA_DIR"),
+    Setting(
+        "data_dir",
+        "./data",
+        _text,
+        "Directory of the embedded backends (segments and SQLite metadata)",
+    ),
+    Setting(
+        "s3_bucket",
+        "",
+        _text,
+        "S3 bucket for segments; empty = store segments under KAFSCALE_DATA_DIR",
+    ),
     Setting("s3_region", "us-east-1", _text, "S3 region"),
-    Setting("s3_endpoint", "", _http_url,
-            "S3-compatible endpoint URL (MinIO, ...); empty = AWS S3"),
+    Setting(
+        "s3_endpoint", "", _http_url, "S3-compatible endpoint URL (MinIO, ...); empty = AWS S3"
+    ),
     Setting("s3_path_style", "false", parse_bool, "Use path-style S3 addressing (MinIO needs it)"),
-    Setting("s3_namespace", "default", _namespace,
-            "Key prefix of this cluster in the bucket and in the metadata store"),
+    Setting(
+        "s3_namespace",
+        "default",
+        _namespace,
+        "Key prefix of this cluster in the bucket and in the metadata store",
+    ),
     Setting("s3_access_key", "", _text, "S3 access key (empty = boto3's default credential chain)"),
     Setting("s3_secret_key", "", _text, "S3 secret key", secret=True),
-    Setting("etcd_endpoints", "", _endpoints,
-            "Comma-separated etcd endpoints; empty = SQLite metadata under KAFSCALE_DATA_DIR"),
-    Setting("segment_bytes", "4MiB", _size_at_least(1024),
-            "Seal a partition buffer into a segment at this size"),
-    Setting("flush_interval_ms", "500", _int_in(1, 3_600_000),
-            "Seal a partition buffer this long after its first unflushed byte"),
+    Setting(
+        "etcd_endpoints",
+        "",
+        _endpoints,
+        "Comma-separated etcd endpoints; empty = SQLite metadata under KAFSCALE_DATA_DIR",
+    ),
+    Setting(
+        "segment_bytes",
+        "4MiB",
+        _size_at_least(1024),
+        "Seal a partition buffer into a segment at this size",
+    ),
+    Setting(
+        "flush_interval_ms",
+        "500",
+        _int_in(1, 3_600_000),
+        "Seal a partition buffer this long after its first unflushed byte",
+    ),
     Setting("cache_size", "1GiB", _size_at_least(0), "L1 hot segment cache size"),
     Setting("index_cache_size", "256MiB", _size_at_least(0), "L2 index cache size"),
     Setting("readahead_segments", "2", _int_in(0, 64), "Segments to prefetch on sequential reads"),
-    Setting("compression_codec", "snappy", _one_of("none", "snappy", "lz4", "zstd"),
-            "Codec applied to batches that arrive uncompressed"),
-    Setting("auto_create_topics", "true", parse_bool,
-            "Create unknown topics on Metadata/Produce"),
-    Setting("auto_create_partitions", "1", _int_in(1, 100_000),
-            "Partitions of an auto-created topic"),
-    Setting("fetch_unflushed", "false", parse_bool,
-            "Let consumers read buffered data not yet committed to S3"),
-    Setting("max_request_bytes", "100MiB", _size_at_least(1024),
-            "Largest request frame accepted (Kafka's socket.request.max.bytes)"),
-    Setting("shards", str(os.cpu_count() or 1), _int_in(1, 256),
-            "Shard worker processes (default: CPU count)"),
+    Setting(
+        "compression_codec",
+        "snappy",
+        _one_of("none", "snappy", "lz4", "zstd"),
+        "Codec applied to batches that arrive uncompressed",
+    ),
+    Setting("auto_create_topics", "true", parse_bool, "Create unknown topics on Metadata/Produce"),
+    Setting(
+        "auto_create_partitions", "1", _int_in(1, 100_000), "Partitions of an auto-created topic"
+    ),
+    Setting(
+        "fetch_unflushed",
+        "false",
+        parse_bool,
+        "Let consumers read buffered data not yet committed to S3",
+    ),
+    Setting(
+        "max_request_bytes",
+        "100MiB",
+        _size_at_least(1024),
+        "Largest request frame accepted (Kafka's socket.request.max.bytes)",
+    ),
+    Setting(
+        "shards",
+        str(os.cpu_count() or 1),
+        _int_in(1, 256),
+        "Shard worker processes (default: CPU count)",
+    ),
     Setting("log_level", "info", _one_of("debug", "info", "warning", "error"), "Log level"),
-    Setting("boot_timeout_ms", "15000", _int_in(100, 600_000),
-            "How long a child process or backend may take to come up before serve fails"),
+    Setting(
+        "boot_timeout_ms",
+        "15000",
+        _int_in(100, 600_000),
+        "How long a child process or backend may take to come up before serve fails",
+    ),
 )
 
 SETTINGS_BY_FIELD = {setting.field: setting for setting in SETTINGS}
@@ -262,8 +326,9 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 def _check_consistency(config: Config) -> None:
     if config.s3_endpoint and not config.s3_bucket:
-        raise ConfigError("KAFSCALE_S3_ENDPOINT is set but KAFSCALE_S3_BUCKET is empty: "
-                          "name the bucket to use")
+        raise ConfigError(
+            "KAFSCALE_S3_ENDPOINT is set but KAFSCALE_S3_BUCKET is empty: name the bucket to use"
+        )
     if bool(config.s3_access_key) != bool(config.s3_secret_key):
         raise ConfigError("KAFSCALE_S3_ACCESS_KEY and KAFSCALE_S3_SECRET_KEY must be set together")
     if config.metrics_port and config.metrics_port == config.broker_port:

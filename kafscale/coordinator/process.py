@@ -27,20 +27,23 @@ def run(ctx: ChildContext) -> None:
         store.check()
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
-        broker = BrokerRecord(node_id=config.broker_id, host=config.advertised_listener_host,
-                              port=config.broker_port)
+        broker = BrokerRecord(
+            node_id=config.broker_id, host=config.advertised_listener_host, port=config.broker_port
+        )
         registration = BrokerRegistration(store, keys, broker)
         registration.register()
         server = RpcServer(ctx.zmq_context, ctx.address())
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()
         try:
-            serve_until(ctx.stopping, server, {messages.Ping: lambda _: ctx.pong()},
-                        on_idle=registration.keep_alive)
+            serve_until(
+                ctx.stopping,
+                server,
+                {messages.Ping: lambda _: ctx.pong()},
+                on_idle=registration.keep_alive,
+            )
         finally:
             registration.deregister()
             server.close()
     finally:
         store.close()
-
-

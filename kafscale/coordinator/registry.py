@@ -29,8 +29,7 @@ LEASE_TTL_SECONDS = 10
 def ensure_cluster_id(store: MetadataStore, keys: Keys) -> str:
     """The cluster's id, creating it if this is the cluster's first broker."""
     candidate = records.new_cluster_id()
-    store.transaction([Compare.absent(keys.cluster_id)],
-                      [Put(keys.cluster_id, candidate.encode())])
+    store.transaction([Compare.absent(keys.cluster_id)], [Put(keys.cluster_id, candidate.encode())])
     existing = store.get(keys.cluster_id)
     if existing is None:  # pragma: no cover - deleted between the two calls
         raise MetadataStoreError("cluster id vanished right after it was written")
@@ -40,8 +39,9 @@ def ensure_cluster_id(store: MetadataStore, keys: Keys) -> str:
 class BrokerRegistration:
     """Keeps ``/brokers/{id}`` present for as long as this broker runs."""
 
-    def __init__(self, store: MetadataStore, keys: Keys, broker: BrokerRecord,
-                 ttl: int = LEASE_TTL_SECONDS) -> None:
+    def __init__(
+        self, store: MetadataStore, keys: Keys, broker: BrokerRecord, ttl: int = LEASE_TTL_SECONDS
+    ) -> None:
         self.store = store
         self.key = keys.broker(broker.node_id)
         self.value = records.encode(broker)

@@ -31,15 +31,17 @@ READ_CHUNK = 256 * 1024
 
 
 class Connection:
-    def __init__(self, broker: Broker, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.broker = broker
         self.reader = reader
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._in_flight: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
-            MAX_IN_FLIGHT)
+            MAX_IN_FLIGHT
+        )
         self._closing = asyncio.Event()
 
     async def serve(self) -> None:
@@ -111,16 +113,18 @@ class Connection:
                 self.close()
                 failed = True
             except Exception:
-                log.exception("request failed; closing the connection",
-                              extra={"peer": self.peer})
+                log.exception("request failed; closing the connection", extra={"peer": self.peer})
                 metrics.REQUEST_ERRORS.labels("internal").inc()
                 self.close()
                 failed = True
 
     def _reject(self, exc: DecodeError) -> None:
         if not self._closing.is_set():
-            log.warning("closing connection: %s", exc,
-                        extra={"peer": self.peer, "reason": type(exc).__name__})
+            log.warning(
+                "closing connection: %s",
+                exc,
+                extra={"peer": self.peer, "reason": type(exc).__name__},
+            )
             metrics.REQUEST_ERRORS.labels(type(exc).__name__).inc()
         self.close()
 

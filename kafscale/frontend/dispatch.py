@@ -12,9 +12,19 @@ from kafscale.frontend.handlers import api_versions, metadata
 APIS: dict[int, Api] = {
     api.key: api
     for api in (
-        Api(metadata.API_KEY, "Metadata", metadata.MIN_VERSION, metadata.MAX_VERSION,
-            metadata.handle),
-        Api(api_versions.API_KEY, "ApiVersions", api_versions.MIN_VERSION,
-            api_versions.MAX_VERSION, api_versions.handle),
+        Api(
+            metadata.API_KEY,
+            "Metadata",
+            metadata.MIN_VERSION,
+            metadata.MAX_VERSION,
+            metadata.handle,
+        ),
+        Api(
+            api_versions.API_KEY,
+            "ApiVersions",
+            api_versions.MIN_VERSION,
+            api_versions.MAX_VERSION,
+            api_versions.handle,
+        ),
     )
 }

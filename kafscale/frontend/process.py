@@ -57,11 +57,18 @@ async def _serve(ctx: ChildContext, broker: Broker) -> None:
             del connections[connection]
 
     try:
-        server = await asyncio.start_server(accept, config.broker_host, config.broker_port,
-                                            reuse_address=True, backlog=LISTEN_BACKLOG)
+        server = await asyncio.start_server(
+            accept,
+            config.broker_host,
+            config.broker_port,
+            reuse_address=True,
+            backlog=LISTEN_BACKLOG,
+        )
     except OSError as exc:
-        raise OSError(f"cannot listen on {config.broker_host}:{config.broker_port} "
-                      f"(KAFSCALE_BROKER_PORT): {exc.strerror or exc}") from None
+        raise OSError(
+            f"cannot listen on {config.broker_host}:{config.broker_port} "
+            f"(KAFSCALE_BROKER_PORT): {exc.strerror or exc}"
+        ) from None
     zmq_context = zmq.asyncio.Context()
     control = AsyncRpcServer(zmq_context, ctx.address())
     stop = asyncio.Event()

@@ -28,16 +28,21 @@ async def process(broker: Broker, frame: bytes, peer: str) -> bytes | None:
     name = codec.api_name(api_key)
     api = broker.apis.get(api_key)
     if api_key == api_versions.API_KEY and (api is None or not api.supports(version)):
-        log.info("ApiVersions version not supported; answering in v0 (KIP-511)",
-                 extra={"version": version, "peer": peer})
-        return codec.encode_response(correlation_id,
-                                     api_versions.unsupported_version_response(broker.apis))
+        log.info(
+            "ApiVersions version not supported; answering in v0 (KIP-511)",
+            extra={"version": version, "peer": peer},
+        )
+        return codec.encode_response(
+            correlation_id, api_versions.unsupported_version_response(broker.apis)
+        )
     schema = codec.request_schema(api_key, version)
     if schema is None:
         raise MalformedRequest(f"{name} has no version {version}")
     if api is None or not api.supports(version):
-        log.warning("request for an unsupported API or version",
-                    extra={"api": name, "version": version, "peer": peer})
+        log.warning(
+            "request for an unsupported API or version",
+            extra={"api": name, "version": version, "peer": peer},
+        )
         response_schema = codec.response_schema(api_key, version)
         if response_schema is None:  # pragma: no cover - kio pairs every request with a response
             raise MalformedRequest(f"{name} v{version} has no response format")

@@ -89,8 +89,8 @@ class RpcServer:
 
     def reply(self, incoming: Incoming, message: Message, bulk: Bulk = ()) -> None:
         self.socket.send_multipart(
-            [incoming.identity, incoming.request_id, messages.encode(message), *bulk],
-            copy=False)
+            [incoming.identity, incoming.request_id, messages.encode(message), *bulk], copy=False
+        )
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -113,8 +113,8 @@ class AsyncRpcServer:
 
     async def reply(self, incoming: Incoming, message: Message, bulk: Bulk = ()) -> None:
         await self.socket.send_multipart(
-            [incoming.identity, incoming.request_id, messages.encode(message), *bulk],
-            copy=False)
+            [incoming.identity, incoming.request_id, messages.encode(message), *bulk], copy=False
+        )
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -173,8 +173,9 @@ class AsyncRpcClient:
             ready = await self.socket.poll(int(timeout * 1000), zmq.POLLOUT)  # type: ignore[call-arg]
             if not ready:
                 raise PeerUnavailable(f"nothing listens on {self.address}")
-            await self.socket.send_multipart([request_id, messages.encode(message), *bulk],
-                                             copy=False)
+            await self.socket.send_multipart(
+                [request_id, messages.encode(message), *bulk], copy=False
+            )
             try:
                 return await asyncio.wait_for(future, timeout)
             except TimeoutError:
@@ -207,8 +208,13 @@ class AsyncRpcClient:
 Handler = Callable[[Incoming], Message]
 
 
-def serve_until(stopping: threading.Event, server: RpcServer, handlers: dict[type, Handler],
-                on_idle: Callable[[], None] | None = None, idle_ms: int = 200) -> None:
+def serve_until(
+    stopping: threading.Event,
+    server: RpcServer,
+    handlers: dict[type, Handler],
+    on_idle: Callable[[], None] | None = None,
+    idle_ms: int = 200,
+) -> None:
     """Answer requests with ``handlers`` (by message type) until ``stopping`` is set, calling
     ``on_idle`` at least every ``idle_ms``. An unknown request type gets an ``ErrorReply``."""
     while not stopping.is_set():

@@ -60,5 +60,6 @@ def open_metadata_store(config: Config) -> MetadataStore:
         os.makedirs(config.data_dir, exist_ok=True)
     except OSError as exc:
         raise MetadataStoreUnavailable(
-            f"cannot create the data directory {config.data_dir}: {exc}") from exc
+            f"cannot create the data directory {config.data_dir}: {exc}"
+        ) from exc
     return SqliteMetadataStore(os.path.join(config.data_dir, "metadata.sqlite"))

@@ -99,8 +99,7 @@ class EtcdLease:
     def refresh(self) -> None:
         request = etcdrpc.LeaseKeepAliveRequest(ID=self._id)
         stub, timeout = self._store._client.leasestub, self._store._timeout
-        responses = self._store._call(
-            lambda: list(stub.LeaseKeepAlive(iter([request]), timeout)))
+        responses = self._store._call(lambda: list(stub.LeaseKeepAlive(iter([request]), timeout)))
         # etcd answers a keep-alive of an unknown lease with TTL 0, not with an error.
         if not responses or responses[0].TTL <= 0:
             raise LeaseExpired(f"lease {self._id:x} expired or was revoked")
@@ -117,9 +116,14 @@ class _WatchEnded(Exception):
 
 
 class EtcdWatch:
-    def __init__(self, store: EtcdMetadataStore, prefix: str,
-                 callback: Callable[[WatchEvent], None],
-                 on_error: Callable[[MetadataStoreError], None] | None, next_revision: int) -> None:
+    def __init__(
+        self,
+        store: EtcdMetadataStore,
+        prefix: str,
+        callback: Callable[[WatchEvent], None],
+        on_error: Callable[[MetadataStoreError], None] | None,
+        next_revision: int,
+    ) -> None:
         self.prefix = prefix
         self._store, self._callback, self._on_error = store, callback, on_error
         self._next_revision = next_revision
@@ -131,15 +135,15 @@ class EtcdWatch:
         self._backoff = 0.0
         self.error: MetadataStoreError | None = None  # why the watch ended, if it did
         self.last_error: MetadataStoreError | None = None  # the current outage, if any
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"etcd-watch {prefix}")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"etcd-watch {prefix}")
 
     def start(self) -> None:
         self._thread.start()
         if not self._settled.wait(self._store._timeout * 2):
             self.cancel()
             raise MetadataStoreUnavailable(
-                f"etcd at {self._store._endpoint} did not create a watch in time")
+                f"etcd at {self._store._endpoint} did not create a watch in time"
+            )
         if self.error is not None:
             raise self.error
 
@@ -168,8 +172,12 @@ class EtcdWatch:
                     self._end(error)
                     return
                 if self.last_error is None:
-                    log.warning("watch on %r: %s; re-watching from revision %d",
-                                self.prefix, error, self._next_revision)
+                    log.warning(
+                        "watch on %r: %s; re-watching from revision %d",
+                        self.prefix,
+                        error,
+                        self._next_revision,
+                    )
                 self.last_error = error
             self._backoff = min(max(self._backoff * 2, 0.1), _MAX_WATCH_BACKOFF_S)
             if self._cancelled.wait(self._backoff):
@@ -178,8 +186,16 @@ class EtcdWatch:
     def _stream(self) -> None:
         start, end = _prefix_range(self.prefix)
         requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        requests.put(etcdrpc.WatchRequest(create_request=etcdrpc.WatchCreateRequest(
-            key=start, range_end=end, start_revision=self._next_revision, progress_notify=True)))
+        requests.put(
+            etcdrpc.WatchRequest(
+                create_request=etcdrpc.WatchCreateRequest(
+                    key=start,
+                    range_end=end,
+                    start_revision=self._next_revision,
+                    progress_notify=True,
+                )
+            )
+        )
         call = self._store._watch_stub.Watch(iter(requests.get, None))
         with self._call_lock:
             self._call = call
@@ -194,19 +210,27 @@ class EtcdWatch:
 
     def _handle(self, response: Any) -> None:
         if response.compact_revision:
-            self._end(RevisionCompacted(
-                f"watch on {self.prefix!r} needs revision {self._next_revision}, but etcd at"
-                f" {self._store._endpoint} compacted up to {response.compact_revision}",
-                response.compact_revision))
+            self._end(
+                RevisionCompacted(
+                    f"watch on {self.prefix!r} needs revision {self._next_revision}, but etcd at"
+                    f" {self._store._endpoint} compacted up to {response.compact_revision}",
+                    response.compact_revision,
+                )
+            )
             raise _WatchEnded
         if response.canceled:
-            self._end(MetadataStoreError(f"etcd at {self._store._endpoint} cancelled the watch"
-                                         f" on {self.prefix!r}: {response.cancel_reason}"))
+            self._end(
+                MetadataStoreError(
+                    f"etcd at {self._store._endpoint} cancelled the watch"
+                    f" on {self.prefix!r}: {response.cancel_reason}"
+                )
+            )
             raise _WatchEnded
         if response.created:
             if self.last_error is not None:
-                log.info("watch on %r re-established at revision %d", self.prefix,
-                         self._next_revision)
+                log.info(
+                    "watch on %r re-established at revision %d", self.prefix, self._next_revision
+                )
             self.last_error, self._backoff = None, 0.0
             self._settled.set()
         if not response.events and not response.created:
@@ -219,9 +243,14 @@ class EtcdWatch:
                 kv = event.kv
                 deleted = event.type == _EVENT_DELETE
                 try:
-                    self._callback(WatchEvent(EventType.DELETE if deleted else EventType.PUT,
-                                              kv.key.decode(), b"" if deleted else kv.value,
-                                              kv.mod_revision))
+                    self._callback(
+                        WatchEvent(
+                            EventType.DELETE if deleted else EventType.PUT,
+                            kv.key.decode(),
+                            b"" if deleted else kv.value,
+                            kv.mod_revision,
+                        )
+                    )
                 except Exception:
                     log.exception("watch callback on %r failed", self.prefix)
                 self._next_revision = kv.mod_revision + 1
@@ -250,8 +279,9 @@ class EtcdMetadataStore:
         for endpoint in endpoints:
             host, port = parse_endpoint(endpoint)
             self._endpoint = f"{host}:{port}"
-            self._client: Any = etcd3.client(host, port, timeout=timeout,
-                                             grpc_options=_GRPC_OPTIONS)
+            self._client: Any = etcd3.client(
+                host, port, timeout=timeout, grpc_options=_GRPC_OPTIONS
+            )
             try:
                 self.check()
                 break
@@ -291,9 +321,14 @@ class EtcdMetadataStore:
 
     def get_prefix(self, prefix: str) -> list[KeyValue]:
         start, end = _prefix_range(prefix)
-        response = self._range(etcdrpc.RangeRequest(
-            key=start, range_end=end, sort_order=etcdrpc.RangeRequest.ASCEND,
-            sort_target=etcdrpc.RangeRequest.KEY))
+        response = self._range(
+            etcdrpc.RangeRequest(
+                key=start,
+                range_end=end,
+                sort_order=etcdrpc.RangeRequest.ASCEND,
+                sort_target=etcdrpc.RangeRequest.KEY,
+            )
+        )
         return [_key_value(kv) for kv in response.kvs]
 
     def revision(self) -> int:
@@ -310,12 +345,17 @@ class EtcdMetadataStore:
         response = self._call(lambda: self._client.kvstub.DeleteRange(request, self._timeout))
         return bool(response.deleted)
 
-    def transaction(self, compares: Sequence[Compare], success: Sequence[Operation],
-                    failure: Sequence[Operation] = ()) -> TxnResult:
+    def transaction(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Operation],
+        failure: Sequence[Operation] = (),
+    ) -> TxnResult:
         request = etcdrpc.TxnRequest(
             compare=[message for compare in compares for message in _compare_messages(compare)],
             success=[_request_op(op) for op in success],
-            failure=[_request_op(op) for op in failure])
+            failure=[_request_op(op) for op in failure],
+        )
         response = self._call(lambda: self._client.kvstub.Txn(request, self._timeout))
         return TxnResult(bool(response.succeeded), int(response.header.revision))
 
@@ -327,9 +367,13 @@ class EtcdMetadataStore:
         # etcd may raise a short TTL to its minimum (about 1.5 x the election timeout).
         return EtcdLease(self, int(response.ID), int(response.TTL))
 
-    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None],
-                     start_revision: int | None = None,
-                     on_error: Callable[[MetadataStoreError], None] | None = None) -> EtcdWatch:
+    def watch_prefix(
+        self,
+        prefix: str,
+        callback: Callable[[WatchEvent], None],
+        start_revision: int | None = None,
+        on_error: Callable[[MetadataStoreError], None] | None = None,
+    ) -> EtcdWatch:
         after = self.revision() if start_revision is None else start_revision
         watch = EtcdWatch(self, prefix, callback, on_error, after + 1)
         self._watches.add(watch)
@@ -337,8 +381,9 @@ class EtcdMetadataStore:
         return watch
 
     def check(self) -> None:
-        self._call(lambda: self._client.maintenancestub.Status(etcdrpc.StatusRequest(),
-                                                               self._timeout))
+        self._call(
+            lambda: self._client.maintenancestub.Status(etcdrpc.StatusRequest(), self._timeout)
+        )
 
     def close(self) -> None:
         for watch in list(self._watches):
@@ -347,8 +392,13 @@ class EtcdMetadataStore:
 
 
 def _key_value(kv: Any) -> KeyValue:
-    return KeyValue(kv.key.decode(), bytes(kv.value), int(kv.create_revision),
-                    int(kv.mod_revision), int(kv.lease))
+    return KeyValue(
+        kv.key.decode(),
+        bytes(kv.value),
+        int(kv.create_revision),
+        int(kv.mod_revision),
+        int(kv.lease),
+    )
 
 
 def _put_request(op: Put) -> Any:
@@ -366,8 +416,13 @@ def _compare_messages(compare: Compare) -> Iterator[Any]:
         raise ValueError(f"{compare!r} gives neither mod_revision nor value")
     key = compare.key.encode()
     if compare.mod_revision is not None:
-        yield etcdrpc.Compare(key=key, result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.MOD,
-                              mod_revision=compare.mod_revision)
+        yield etcdrpc.Compare(
+            key=key,
+            result=etcdrpc.Compare.EQUAL,
+            target=etcdrpc.Compare.MOD,
+            mod_revision=compare.mod_revision,
+        )
     if compare.value is not None:
-        yield etcdrpc.Compare(key=key, result=etcdrpc.Compare.EQUAL,
-                              target=etcdrpc.Compare.VALUE, value=compare.value)
+        yield etcdrpc.Compare(
+            key=key, result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.VALUE, value=compare.value
+        )

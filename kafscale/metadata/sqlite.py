@@ -88,12 +88,16 @@ def _apply(conn: sqlite3.Connection, ops: Sequence[Operation]) -> int:
     for op in ops:
         key = op.key.encode()
         if isinstance(op, Put):
-            if op.lease_id and not conn.execute(
-                    "SELECT 1 FROM leases WHERE id = ?", (op.lease_id,)).fetchone():
+            if (
+                op.lease_id
+                and not conn.execute("SELECT 1 FROM leases WHERE id = ?", (op.lease_id,)).fetchone()
+            ):
                 raise LeaseExpired(f"lease {op.lease_id:x} expired or was revoked")
             row = conn.execute("SELECT create_revision FROM kv WHERE key = ?", (key,)).fetchone()
-            conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?)",
-                         (key, op.value, row[0] if row else new, new, op.lease_id))
+            conn.execute(
+                "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?)",
+                (key, op.value, row[0] if row else new, new, op.lease_id),
+            )
             conn.execute("INSERT INTO events VALUES (?, ?, 0, ?, ?)", (new, seq, key, op.value))
         elif conn.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount:
             conn.execute("INSERT INTO events VALUES (?, ?, 1, ?, X'')", (new, seq, key))
@@ -114,7 +118,8 @@ def _revoke(conn: sqlite3.Connection, lease_id: int) -> None:
 
 def _reap_expired(conn: sqlite3.Connection, now: float) -> None:
     for (lease_id,) in conn.execute(
-            "SELECT id FROM leases WHERE deadline <= ? ORDER BY deadline", (now,)).fetchall():
+        "SELECT id FROM leases WHERE deadline <= ? ORDER BY deadline", (now,)
+    ).fetchall():
         log.info("lease %x expired; deleting its keys", lease_id)
         _revoke(conn, lease_id)
 
@@ -122,8 +127,9 @@ def _reap_expired(conn: sqlite3.Connection, now: float) -> None:
 def _compare_holds(conn: sqlite3.Connection, compare: Compare) -> bool:
     if compare.mod_revision is None and compare.value is None:
         raise ValueError(f"{compare!r} gives neither mod_revision nor value")
-    row = conn.execute("SELECT mod_revision, value FROM kv WHERE key = ?",
-                       (compare.key.encode(),)).fetchone()
+    row = conn.execute(
+        "SELECT mod_revision, value FROM kv WHERE key = ?", (compare.key.encode(),)
+    ).fetchone()
     if compare.mod_revision is not None and (row[0] if row else 0) != compare.mod_revision:
         return False
     return compare.value is None or (row is not None and bytes(row[1]) == compare.value)
@@ -149,8 +155,9 @@ class SqliteLease:
 
     def refresh(self) -> None:
         with self._store._write() as conn:
-            refreshed = conn.execute("UPDATE leases SET deadline = ? WHERE id = ?",
-                                     (time.time() + self._ttl, self._id)).rowcount
+            refreshed = conn.execute(
+                "UPDATE leases SET deadline = ? WHERE id = ?", (time.time() + self._ttl, self._id)
+            ).rowcount
         if not refreshed:
             raise LeaseExpired(f"lease {self._id:x} expired or was revoked")
 
@@ -160,9 +167,14 @@ class SqliteLease:
 
 
 class SqliteWatch:
-    def __init__(self, store: SqliteMetadataStore, prefix: str,
-                 callback: Callable[[WatchEvent], None],
-                 on_error: Callable[[MetadataStoreError], None] | None, after: int) -> None:
+    def __init__(
+        self,
+        store: SqliteMetadataStore,
+        prefix: str,
+        callback: Callable[[WatchEvent], None],
+        on_error: Callable[[MetadataStoreError], None] | None,
+        after: int,
+    ) -> None:
         self.prefix, self.after = prefix, after
         self._store, self._callback, self._on_error = store, callback, on_error
         self._delivering = threading.Lock()
@@ -231,8 +243,12 @@ class SqliteMetadataStore:
             raise MetadataStoreError("a SqliteMetadataStore cannot cross fork(); open a new one")
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_MS / 1000,
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                self._path,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+            )
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA synchronous = FULL")  # a committed high watermark must survive
             self._local.conn = conn
@@ -248,7 +264,8 @@ class SqliteMetadataStore:
             yield
         except sqlite3.OperationalError as exc:  # cannot open, locked past busy_timeout, I/O
             raise MetadataStoreUnavailable(
-                f"SQLite metadata at {self._path} is unavailable: {exc}") from exc
+                f"SQLite metadata at {self._path} is unavailable: {exc}"
+            ) from exc
         except sqlite3.Error as exc:
             raise MetadataStoreError(f"SQLite metadata at {self._path}: {exc}") from exc
 
@@ -283,8 +300,11 @@ class SqliteMetadataStore:
 
     def _reap_if_due(self) -> None:
         with self._errors():
-            due = self._conn().execute("SELECT 1 FROM leases WHERE deadline <= ? LIMIT 1",
-                                       (time.time(),)).fetchone()
+            due = (
+                self._conn()
+                .execute("SELECT 1 FROM leases WHERE deadline <= ? LIMIT 1", (time.time(),))
+                .fetchone()
+            )
         if due:
             with self._write():
                 pass
@@ -294,18 +314,30 @@ class SqliteMetadataStore:
     def get(self, key: str) -> KeyValue | None:
         self._reap_if_due()
         with self._errors():
-            row = self._conn().execute(
-                "SELECT key, value, create_revision, mod_revision, lease_id FROM kv WHERE key = ?",
-                (key.encode(),)).fetchone()
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT key, value, create_revision, mod_revision, lease_id FROM kv"
+                    " WHERE key = ?",
+                    (key.encode(),),
+                )
+                .fetchone()
+            )
         return None if row is None else _key_value(row)
 
     def get_prefix(self, prefix: str) -> list[KeyValue]:
         self._reap_if_due()
         where, params = _prefix_where(prefix)
         with self._errors():
-            rows = self._conn().execute(
-                "SELECT key, value, create_revision, mod_revision, lease_id FROM kv"
-                f" WHERE {where} ORDER BY key", params).fetchall()
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT key, value, create_revision, mod_revision, lease_id FROM kv"
+                    f" WHERE {where} ORDER BY key",
+                    params,
+                )
+                .fetchall()
+            )
         return [_key_value(row) for row in rows]
 
     def revision(self) -> int:
@@ -322,8 +354,12 @@ class SqliteMetadataStore:
             before = _meta(conn)["revision"]
             return _apply(conn, [Delete(key)]) != before
 
-    def transaction(self, compares: Sequence[Compare], success: Sequence[Operation],
-                    failure: Sequence[Operation] = ()) -> TxnResult:
+    def transaction(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Operation],
+        failure: Sequence[Operation] = (),
+    ) -> TxnResult:
         _check_distinct_keys(success)
         _check_distinct_keys(failure)
         with self._write() as conn:
@@ -338,15 +374,21 @@ class SqliteMetadataStore:
         with self._write() as conn:
             while True:
                 lease_id = secrets.randbits(63) or 1
-                if conn.execute("INSERT OR IGNORE INTO leases VALUES (?, ?, ?)",
-                                (lease_id, ttl_seconds, time.time() + ttl_seconds)).rowcount:
+                if conn.execute(
+                    "INSERT OR IGNORE INTO leases VALUES (?, ?, ?)",
+                    (lease_id, ttl_seconds, time.time() + ttl_seconds),
+                ).rowcount:
                     return SqliteLease(self, lease_id, ttl_seconds)
 
     # -- watches ---------------------------------------------------------------------------------
 
-    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None],
-                     start_revision: int | None = None,
-                     on_error: Callable[[MetadataStoreError], None] | None = None) -> SqliteWatch:
+    def watch_prefix(
+        self,
+        prefix: str,
+        callback: Callable[[WatchEvent], None],
+        start_revision: int | None = None,
+        on_error: Callable[[MetadataStoreError], None] | None = None,
+    ) -> SqliteWatch:
         with self._errors():
             meta = _meta(self._conn())
         after = meta["revision"] if start_revision is None else start_revision
@@ -358,15 +400,18 @@ class SqliteMetadataStore:
                 raise MetadataStoreError(f"SQLite metadata at {self._path} is closed")
             self._watches.add(watch)
             if self._poller is None:
-                self._poller = threading.Thread(target=self._poll, daemon=True,
-                                                name=f"sqlite-watch {self._path}")
+                self._poller = threading.Thread(
+                    target=self._poll, daemon=True, name=f"sqlite-watch {self._path}"
+                )
                 self._poller.start()
         return watch
 
     def _compacted(self, prefix: str, after: int, compacted: int) -> RevisionCompacted:
         return RevisionCompacted(
             f"watch on {prefix!r} needs events after revision {after}, but SQLite metadata at"
-            f" {self._path} keeps only those after {compacted}", compacted)
+            f" {self._path} keeps only those after {compacted}",
+            compacted,
+        )
 
     def _poll(self) -> None:
         failing = False
@@ -377,8 +422,12 @@ class SqliteMetadataStore:
                     self._deliver_pending()
             except Exception as exc:  # a dead poller would stall every watch: keep going
                 if not failing:
-                    log.warning("watch poller of %s failed: %r (retrying)", self._path, exc,
-                                exc_info=not isinstance(exc, MetadataStoreError))
+                    log.warning(
+                        "watch poller of %s failed: %r (retrying)",
+                        self._path,
+                        exc,
+                        exc_info=not isinstance(exc, MetadataStoreError),
+                    )
                 failing = True
             else:
                 failing = False
@@ -398,15 +447,25 @@ class SqliteMetadataStore:
                 rows = conn.execute(
                     f"SELECT revision, deleted, key, value FROM events WHERE {where}"
                     " AND revision > ? AND revision <= ? ORDER BY revision, seq",
-                    (*params, watch.after, revision)).fetchall()
+                    (*params, watch.after, revision),
+                ).fetchall()
             finally:
                 conn.execute("COMMIT")
             if watch.after < compacted:
                 watch._fail(self._compacted(watch.prefix, watch.after, compacted))
                 continue
-            watch._deliver([WatchEvent(EventType.DELETE if deleted else EventType.PUT,
-                                       bytes(key).decode(), bytes(value), rev)
-                            for rev, deleted, key, value in rows], revision)
+            watch._deliver(
+                [
+                    WatchEvent(
+                        EventType.DELETE if deleted else EventType.PUT,
+                        bytes(key).decode(),
+                        bytes(value),
+                        rev,
+                    )
+                    for rev, deleted, key, value in rows
+                ],
+                revision,
+            )
 
     # -- lifecycle -------------------------------------------------------------------------------
 

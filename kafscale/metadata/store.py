@@ -147,12 +147,20 @@ class MetadataStore(Protocol):
         """Unconditional delete; True if the key existed."""
         ...
 
-    def transaction(self, compares: Sequence[Compare], success: Sequence[Operation],
-                    failure: Sequence[Operation] = ()) -> TxnResult: ...
+    def transaction(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Operation],
+        failure: Sequence[Operation] = (),
+    ) -> TxnResult: ...
 
-    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None],
-                     start_revision: int | None = None,
-                     on_error: Callable[[MetadataStoreError], None] | None = None) -> Watch:
+    def watch_prefix(
+        self,
+        prefix: str,
+        callback: Callable[[WatchEvent], None],
+        start_revision: int | None = None,
+        on_error: Callable[[MetadataStoreError], None] | None = None,
+    ) -> Watch:
         """Deliver changes under ``prefix`` after ``start_revision`` (default: from now on).
 
         Raises ``RevisionCompacted`` if events after ``start_revision`` are no longer kept. If the

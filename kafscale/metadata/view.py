@@ -54,9 +54,9 @@ class MetadataView:
             snapshot = self._apply(snapshot, EventType.PUT, kv.key, kv.value, kv.mod_revision)
         with self._lock:
             self.snapshot = snapshot
-        self._watch = self._store.watch_prefix(self._keys.root, self._on_event,
-                                               start_revision=revision,
-                                               on_error=self._on_watch_error)
+        self._watch = self._store.watch_prefix(
+            self._keys.root, self._on_event, start_revision=revision, on_error=self._on_watch_error
+        )
         for listener in self._listeners:
             listener(snapshot)
 
@@ -90,14 +90,16 @@ class MetadataView:
         with self._lock:
             if event.mod_revision <= self.snapshot.revision:
                 return  # already part of the loaded state
-            self.snapshot = self._apply(self.snapshot, event.type, event.key, event.value,
-                                        event.mod_revision)
+            self.snapshot = self._apply(
+                self.snapshot, event.type, event.key, event.value, event.mod_revision
+            )
             snapshot = self.snapshot
         for listener in self._listeners:
             listener(snapshot)
 
-    def _apply(self, snapshot: Snapshot, kind: EventType, key: str, value: bytes,
-               revision: int) -> Snapshot:
+    def _apply(
+        self, snapshot: Snapshot, kind: EventType, key: str, value: bytes, revision: int
+    ) -> Snapshot:
         revision = max(revision, snapshot.revision)
         keys = self._keys
         try:
@@ -106,7 +108,7 @@ class MetadataView:
                 return replace(snapshot, revision=revision, cluster_id=cluster_id)
             if key.startswith(keys.brokers):
                 brokers = dict(snapshot.brokers)
-                node_id = int(key[len(keys.brokers):])
+                node_id = int(key[len(keys.brokers) :])
                 if kind is EventType.PUT:
                     brokers[node_id] = records.decode_broker(value)
                 else:
@@ -114,13 +116,12 @@ class MetadataView:
                 return replace(snapshot, revision=revision, brokers=brokers)
             if key.startswith(keys.topics):
                 topics = dict(snapshot.topics)
-                name = key[len(keys.topics):]
+                name = key[len(keys.topics) :]
                 if kind is EventType.PUT:
                     topics[name] = records.decode_topic(value)
                 else:
                     topics.pop(name, None)
                 return replace(snapshot, revision=revision, topics=topics)
         except (ValueError, msgspec.DecodeError) as exc:
-            log.error("skipping undecodable metadata record", extra={"key": key,
-                                                                      "error": str(exc)})
+            log.error("skipping undecodable metadata record", extra={"key": key, "error": str(exc)})
         return replace(snapshot, revision=revision)

@@ -79,8 +79,9 @@ def response_schema(api_key: int, api_version: int) -> type[ResponsePayload] | N
         return None
 
 
-def decode_request(frame: bytes,
-                   schema: type[RequestPayload]) -> tuple[RequestHeader, RequestPayload]:
+def decode_request(
+    frame: bytes, schema: type[RequestPayload]
+) -> tuple[RequestHeader, RequestPayload]:
     """Decode header and body of ``frame`` whose API and version ``schema`` models."""
     try:
         header, header_size = entity_reader(schema.__header_schema__)(frame, 0)
@@ -88,18 +89,29 @@ def decode_request(frame: bytes,
     except (KioDecodeError, ValueError, UnicodeDecodeError) as exc:
         name = schema.__name__
         raise MalformedRequest(f"{name} v{schema.__version__} does not parse: {exc}") from None
-    return RequestHeader(int(header.request_api_key), int(header.request_api_version),
-                         int(header.correlation_id), header.client_id), body
+    return RequestHeader(
+        int(header.request_api_key),
+        int(header.request_api_version),
+        int(header.correlation_id),
+        header.client_id,
+    ), body
 
 
-def encode_request(request: RequestPayload, correlation_id: int,
-                   client_id: str | None = "kafscale") -> bytes:
+def encode_request(
+    request: RequestPayload, correlation_id: int, client_id: str | None = "kafscale"
+) -> bytes:
     """A request frame without its length prefix (what a client sends; tests and benches)."""
     buffer = io.BytesIO()
     header_schema = request.__header_schema__
-    entity_writer(header_schema)(buffer, header_schema(
-        request_api_key=request.__api_key__, request_api_version=request.__version__,
-        correlation_id=i32(correlation_id), client_id=client_id))
+    entity_writer(header_schema)(
+        buffer,
+        header_schema(
+            request_api_key=request.__api_key__,
+            request_api_version=request.__version__,
+            correlation_id=i32(correlation_id),
+            client_id=client_id,
+        ),
+    )
     entity_writer(type(request))(buffer, request)
     return buffer.getvalue()
 
@@ -147,8 +159,10 @@ def _neutral_entity(cls: type[Any], error: ErrorCode) -> Any:
         kafka_type = field.metadata.get("kafka_type")
         if kafka_type == "error_code":
             values[field.name] = error
-        elif (field.default is not dataclasses.MISSING
-              or field.default_factory is not dataclasses.MISSING):
+        elif (
+            field.default is not dataclasses.MISSING
+            or field.default_factory is not dataclasses.MISSING
+        ):
             continue
         else:
             values[field.name] = _neutral_value(kafka_type, hints[field.name], error)

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-__all__ = ["DecodeError", "ErrorCode", "FrameTooLarge", "InvalidFrameSize", "MalformedRequest",
-           "UnknownApi"]
+__all__ = [
+    "DecodeError",
+    "ErrorCode",
+    "FrameTooLarge",
+    "InvalidFrameSize",
+    "MalformedRequest",
+    "UnknownApi",
+]
 
 
 class DecodeError(Exception):

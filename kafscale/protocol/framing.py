@@ -52,11 +52,14 @@ class FrameDecoder:
 
     def _check_length(self, length: int) -> None:
         if length < MIN_REQUEST_BYTES:
-            raise InvalidFrameSize(f"frame length {length} is below the {MIN_REQUEST_BYTES}-byte "
-                                   f"request header")
+            raise InvalidFrameSize(
+                f"frame length {length} is below the {MIN_REQUEST_BYTES}-byte request header"
+            )
         if length > self.max_frame_bytes:
-            raise FrameTooLarge(f"frame length {length} exceeds the maximum of "
-                                f"{self.max_frame_bytes} bytes (KAFSCALE_MAX_REQUEST_BYTES)")
+            raise FrameTooLarge(
+                f"frame length {length} exceeds the maximum of "
+                f"{self.max_frame_bytes} bytes (KAFSCALE_MAX_REQUEST_BYTES)"
+            )
 
 
 def encode_frame(payload: bytes) -> bytes:

@@ -71,9 +71,12 @@ class Arbiter:
         self.config = config
         self.run_id = run_id
         self.runtime_dir = runtime_dir
-        self.children = [Child("coordinator", 0), Child("flusher", 0),
-                         *(Child("shard", i) for i in range(config.shards)),
-                         Child("frontend", 0)]
+        self.children = [
+            Child("coordinator", 0),
+            Child("flusher", 0),
+            *(Child("shard", i) for i in range(config.shards)),
+            Child("frontend", 0),
+        ]
         self._signals: collections.deque[int] = collections.deque()
         self._zmq = zmq.Context()
         self._notices: zmq.Socket[bytes] = self._zmq.socket(zmq.PULL)
@@ -116,8 +119,10 @@ class Arbiter:
                     raise StartupError(f"{failed.name} failed to boot: {failed.boot_error}")
                 if time.monotonic() > deadline:
                     late = ", ".join(child.name for child in group if not child.ready)
-                    raise StartupError(f"{late} did not become ready within {deadline_s:g} s "
-                                       f"(KAFSCALE_BOOT_TIMEOUT_MS)")
+                    raise StartupError(
+                        f"{late} did not become ready within {deadline_s:g} s "
+                        f"(KAFSCALE_BOOT_TIMEOUT_MS)"
+                    )
                 self._wait(100)
                 self._reap(booting=True)
 
@@ -147,8 +152,15 @@ class Arbiter:
     # -- children -----------------------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
-        argv = [sys.executable, "-m", "kafscale.supervisor.child", child.role, str(child.index),
-                self.runtime_dir, str(os.getpid())]
+        argv = [
+            sys.executable,
+            "-m",
+            "kafscale.supervisor.child",
+            child.role,
+            str(child.index),
+            self.runtime_dir,
+            str(os.getpid()),
+        ]
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir)
         child.pid = os.posix_spawn(sys.executable, argv, env)
         child.started_at = time.monotonic()
@@ -188,16 +200,20 @@ class Arbiter:
             child.boot_error = child.boot_error or f"exited with {described} before it was ready"
             return
         if child.boot_failures >= MAX_RESPAWN_BOOT_FAILURES:
-            log.critical("child keeps failing to boot; stopping the broker",
-                         extra={"child": child.name, "reason": child.boot_error})
+            log.critical(
+                "child keeps failing to boot; stopping the broker",
+                extra={"child": child.name, "reason": child.boot_error},
+            )
             self.failure = f"{child.name} failed to boot: {child.boot_error}"
             self.stopping = True
             return
-        delay = min(5.0, 0.1 * 2 ** child.boot_failures) if child.boot_failures else 0.0
+        delay = min(5.0, 0.1 * 2**child.boot_failures) if child.boot_failures else 0.0
         child.respawn_at = time.monotonic() + delay
         metrics.CHILD_RESTARTS.labels(child.role).inc()
-        log.warning("child died; respawning", extra={"child": child.name, "exit": described,
-                                                      "respawn_in_s": delay})
+        log.warning(
+            "child died; respawning",
+            extra={"child": child.name, "exit": described, "respawn_in_s": delay},
+        )
 
     def _respawn_due(self) -> None:
         now = time.monotonic()
@@ -213,8 +229,9 @@ class Arbiter:
             if time.monotonic() > deadline or self._second_signal():
                 for child in group:
                     if child.alive:
-                        log.warning("child did not stop in time; killing it",
-                                    extra={"child": child.name})
+                        log.warning(
+                            "child did not stop in time; killing it", extra={"child": child.name}
+                        )
                         _signal(child.pid, signal.SIGKILL)
                 deadline = float("inf")
             self._wait(100)

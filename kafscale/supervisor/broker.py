@@ -43,23 +43,29 @@ def _supervise(config: Config, arbiter: Arbiter) -> None:
     except Exception as exc:
         raise StartupError(str(exc)) from None
     try:
-        checks: dict[str, Callable[[], None]] = {"objects": objects.check,
-                                                 "metadata": store.check}
+        checks: dict[str, Callable[[], None]] = {"objects": objects.check, "metadata": store.check}
         preflight(checks, config.boot_timeout_ms / 1000)
         checker = HealthChecker(arbiter.runtime_dir, arbiter.children, checks)
         try:
             http = HealthServer(config.broker_host, config.metrics_port, checker)
         except OSError as exc:
-            raise StartupError(f"cannot listen on {config.broker_host}:{config.metrics_port} "
-                               f"(KAFSCALE_METRICS_PORT): {exc}") from None
+            raise StartupError(
+                f"cannot listen on {config.broker_host}:{config.metrics_port} "
+                f"(KAFSCALE_METRICS_PORT): {exc}"
+            ) from None
         http.start()
         try:
             arbiter.boot()
             checker.start()
-            log.info("broker running", extra={
-                "bootstrap": f"{config.broker_host}:{config.broker_port}",
-                "run_id": arbiter.run_id, "objects": objects.description,
-                "metadata": store.description})
+            log.info(
+                "broker running",
+                extra={
+                    "bootstrap": f"{config.broker_host}:{config.broker_port}",
+                    "run_id": arbiter.run_id,
+                    "objects": objects.description,
+                    "metadata": store.description,
+                },
+            )
             arbiter.run()
         finally:
             checker.stop()

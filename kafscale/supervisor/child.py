@@ -62,8 +62,9 @@ class ChildContext:
         return endpoints.address(self.runtime_dir, self.role, self.index)
 
     def pong(self) -> messages.Pong:
-        return messages.Pong(role=self.role, index=self.index, pid=os.getpid(),
-                             started_at=self.started_at)
+        return messages.Pong(
+            role=self.role, index=self.index, pid=os.getpid(), started_at=self.started_at
+        )
 
     def ready(self) -> None:
         """Tell the supervisor this process serves; failures after this are crashes."""
@@ -72,8 +73,9 @@ class ChildContext:
         log.info("ready", extra={"role": self.role, "index": self.index})
 
     def boot_failed(self, reason: str) -> None:
-        self._notify(messages.BootFailed(role=self.role, index=self.index, pid=os.getpid(),
-                                         reason=reason))
+        self._notify(
+            messages.BootFailed(role=self.role, index=self.index, pid=os.getpid(), reason=reason)
+        )
 
     def _notify(self, message: messages.Message) -> None:
         if self._notices is None:
@@ -109,8 +111,14 @@ def main(argv: list[str]) -> int:
     role, index, runtime_dir, parent_pid = argv[0], int(argv[1]), argv[2], int(argv[3])
     config, run_id = load_config(runtime_dir)
     logs.setup(f"{role}-{index}", config.log_level)
-    context = ChildContext(config=config, role=role, index=index, runtime_dir=runtime_dir,
-                           run_id=run_id, zmq_context=zmq.Context())
+    context = ChildContext(
+        config=config,
+        role=role,
+        index=index,
+        runtime_dir=runtime_dir,
+        run_id=run_id,
+        zmq_context=zmq.Context(),
+    )
 
     def request_stop(signum: int, _frame: object) -> None:
         context.stopping.set()
@@ -125,8 +133,11 @@ def main(argv: list[str]) -> int:
         run(context)
     except Exception as exc:
         if not context.is_ready:
-            reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) \
+            reason = (
+                f"{type(exc).__name__}: {exc}"
+                if not str(exc).startswith(type(exc).__name__)
                 else str(exc)
+            )
             log.error("boot failed", extra={"reason": reason}, exc_info=exc)
             context.boot_failed(reason)
             context.close()

@@ -42,8 +42,9 @@ class Verdict:
 class HealthChecker:
     """Pings children and checks backends on its own thread; ``verdict`` is the latest result."""
 
-    def __init__(self, runtime_dir: str, children: list[Child],
-                 backend_checks: dict[str, Callable[[], None]]) -> None:
+    def __init__(
+        self, runtime_dir: str, children: list[Child], backend_checks: dict[str, Callable[[], None]]
+    ) -> None:
         self.runtime_dir = runtime_dir
         self.children = children
         self.backend_checks = backend_checks
@@ -58,7 +59,8 @@ class HealthChecker:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     def _loop(self) -> None:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -72,8 +74,9 @@ class HealthChecker:
                 client.close()
             context.term()
 
-    def _check(self, context: zmq.Context[zmq.Socket[bytes]],
-               clients: dict[str, RpcClient]) -> Verdict:
+    def _check(
+        self, context: zmq.Context[zmq.Socket[bytes]], clients: dict[str, RpcClient]
+    ) -> Verdict:
         problems: list[str] = []
         ready_children = 0
         for child in list(self.children):
@@ -82,8 +85,9 @@ class HealthChecker:
                 continue
             client = clients.get(child.name)
             if client is None:
-                client = RpcClient(context, endpoints.address(self.runtime_dir, child.role,
-                                                              child.index))
+                client = RpcClient(
+                    context, endpoints.address(self.runtime_dir, child.role, child.index)
+                )
                 clients[child.name] = client
             try:
                 reply = client.call(messages.Ping(), timeout_ms=1000)
@@ -119,8 +123,7 @@ class HealthServer:
         handler = _handler_class(checker)
         self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -139,8 +142,7 @@ def _handler_class(checker: HealthChecker) -> type[http.server.BaseHTTPRequestHa
             elif path == "/readyz":
                 verdict = checker.verdict
                 body = json.dumps({"ready": verdict.ready, "problems": verdict.problems})
-                self._send(200 if verdict.ready else 503, body.encode() + b"\n",
-                           "application/json")
+                self._send(200 if verdict.ready else 503, body.encode() + b"\n", "application/json")
             elif path == "/metrics":
                 registry = CollectorRegistry()
                 multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -20,8 +20,12 @@ METADATA_V12 = load_response_schema(3, 12)
 
 
 def metadata_request() -> Any:
-    return codec.build(load_request_schema(3, 12), topics=None, allow_auto_topic_creation=False,
-                       include_topic_authorized_operations=False)
+    return codec.build(
+        load_request_schema(3, 12),
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 def assert_serves(address: tuple[str, int], bystander: Wire) -> None:
@@ -36,7 +40,8 @@ def assert_serves(address: tuple[str, int], bystander: Wire) -> None:
 
 
 def test_bad_input_is_answered_or_closed_and_others_keep_working(
-        start_broker: Callable[..., Any]) -> None:
+    start_broker: Callable[..., Any],
+) -> None:
     broker = start_broker(env={"KAFSCALE_MAX_REQUEST_BYTES": "1MiB"})
     broker.wait_ready()
     address = ("127.0.0.1", broker.port)
@@ -61,9 +66,12 @@ def test_bad_input_is_answered_or_closed_and_others_keep_working(
 
     # An unsupported version of an API we serve: an error response, the connection stays.
     with Wire(address) as wire:
-        request = codec.build(load_request_schema(3, 13), topics=None,
-                              allow_auto_topic_creation=False,
-                              include_topic_authorized_operations=False)
+        request = codec.build(
+            load_request_schema(3, 13),
+            topics=None,
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
         wire.send(request, correlation_id=31)
         correlation_id, response = wire.read_response(load_response_schema(3, 13))
         assert (correlation_id, response.error_code) == (31, ErrorCode.unsupported_version)
@@ -83,8 +91,9 @@ def test_bad_input_is_answered_or_closed_and_others_keep_working(
 def test_pipelined_requests_are_answered_in_order(start_broker: Callable[..., Any]) -> None:
     broker = start_broker()
     broker.wait_ready()
-    api_versions = codec.build(load_request_schema(18, 3), client_software_name="t",
-                               client_software_version="1")
+    api_versions = codec.build(
+        load_request_schema(18, 3), client_software_name="t", client_software_version="1"
+    )
     with Wire(("127.0.0.1", broker.port)) as wire:
         frames = b""
         for correlation_id in range(200):
@@ -97,14 +106,13 @@ def test_pipelined_requests_are_answered_in_order(start_broker: Callable[..., An
             assert wire.read_response(schema)[0] == correlation_id
 
 
-def test_a_frame_split_across_many_writes_is_reassembled(
-        start_broker: Callable[..., Any]) -> None:
+def test_a_frame_split_across_many_writes_is_reassembled(start_broker: Callable[..., Any]) -> None:
     broker = start_broker()
     broker.wait_ready()
     with Wire(("127.0.0.1", broker.port)) as wire:
         data = _request_bytes(metadata_request(), 77)
         for i in range(len(data)):
-            wire.send_raw(data[i:i + 1])
+            wire.send_raw(data[i : i + 1])
         assert wire.read_response(METADATA_V12)[0] == 77
 
 

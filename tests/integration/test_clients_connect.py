@@ -21,26 +21,33 @@ def running_broker(request: pytest.FixtureRequest, start_broker: Callable[..., A
 
 
 def test_kcat_lists_the_broker(running_broker: Any, kcat: str) -> None:
-    result = subprocess.run([kcat, "-L", "-J", "-b", running_broker.bootstrap, "-m", "15"],
-                            capture_output=True, text=True, timeout=60, check=True)
+    result = subprocess.run(
+        [kcat, "-L", "-J", "-b", running_broker.bootstrap, "-m", "15"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     listing = json.loads(result.stdout)
     assert [(b["id"], b["name"]) for b in listing["brokers"]] == [
-        (0, f"127.0.0.1:{running_broker.port}")]
+        (0, f"127.0.0.1:{running_broker.port}")
+    ]
     assert listing["topics"] == []
 
 
 @pytest.mark.java
 @pytest.mark.parametrize("client_version", ["3.9", "4"])
-def test_java_admin_describe_cluster(running_broker: Any, java_probe: Callable[..., Any],
-                                     client_version: str) -> None:
-    result = java_probe(client_version, "describe-cluster", "--bootstrap",
-                        running_broker.bootstrap)
+def test_java_admin_describe_cluster(
+    running_broker: Any, java_probe: Callable[..., Any], client_version: str
+) -> None:
+    result = java_probe(client_version, "describe-cluster", "--bootstrap", running_broker.bootstrap)
     assert result.returncode == 0, result.stderr
     cluster = json.loads(result.stdout)
     assert len(cluster["clusterId"]) == 22
     assert cluster["controller"]["id"] == 0
     assert [(n["id"], n["host"], n["port"]) for n in cluster["nodes"]] == [
-        (0, "127.0.0.1", running_broker.port)]
+        (0, "127.0.0.1", running_broker.port)
+    ]
 
 
 def test_confluent_kafka_lists_topics(running_broker: Any) -> None:
@@ -49,7 +56,8 @@ def test_confluent_kafka_lists_topics(running_broker: Any) -> None:
     admin = AdminClient({"bootstrap.servers": running_broker.bootstrap})
     metadata = admin.list_topics(timeout=20)
     assert {b.id: (b.host, b.port) for b in metadata.brokers.values()} == {
-        0: ("127.0.0.1", running_broker.port)}
+        0: ("127.0.0.1", running_broker.port)
+    }
     assert metadata.controller_id == 0
     assert len(metadata.cluster_id) == 22
 
@@ -68,19 +76,20 @@ def test_aiokafka_fetches_metadata(running_broker: Any) -> None:
 
     cluster = asyncio.run(fetch())
     assert [(b.nodeId, b.host, b.port) for b in cluster.brokers()] == [
-        (0, "127.0.0.1", running_broker.port)]
+        (0, "127.0.0.1", running_broker.port)
+    ]
     assert cluster.controller is not None and cluster.controller.nodeId == 0
 
 
 def test_kafka_python_describes_the_cluster(running_broker: Any) -> None:
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=running_broker.bootstrap,
-                             request_timeout_ms=20000)
+    admin = KafkaAdminClient(bootstrap_servers=running_broker.bootstrap, request_timeout_ms=20000)
     try:
         cluster = admin.describe_cluster()
     finally:
         admin.close()
     assert [(b["broker_id"], b["host"], b["port"]) for b in cluster["brokers"]] == [
-        (0, "127.0.0.1", running_broker.port)]
+        (0, "127.0.0.1", running_broker.port)
+    ]
     assert cluster["controller_id"] == 0

@@ -50,27 +50,33 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 @pytest.mark.parametrize("victim", ["shard-1", "coordinator-0", "flusher-0"])
 def test_killed_child_is_restarted_and_metadata_keeps_flowing(
-        start_broker: Callable[..., Any], victim: str) -> None:
+    start_broker: Callable[..., Any], victim: str
+) -> None:
     broker = start_broker()
     broker.wait_ready()
     before = roles(broker)
     assert set(before) == {"coordinator-0", "flusher-0", "shard-0", "shard-1", "frontend-0"}
     os.kill(before[victim], signal.SIGKILL)
     assert list_brokers(broker.bootstrap) == [0]  # answered while the child is down or booting
-    wait_for(lambda: roles(broker).get(victim, before[victim]) != before[victim], 20,
-             f"{victim} to be respawned")
+    wait_for(
+        lambda: roles(broker).get(victim, before[victim]) != before[victim],
+        20,
+        f"{victim} to be respawned",
+    )
     broker.wait_ready()
     after = roles(broker)
     assert set(after) == set(before)
     assert {name: pid for name, pid in after.items() if name != victim} == {
-        name: pid for name, pid in before.items() if name != victim}
+        name: pid for name, pid in before.items() if name != victim
+    }
     assert list_brokers(broker.bootstrap) == [0]
     assert f'"child":"{victim}"' in broker.log_text().replace(" ", "")
     assert broker.metrics_text().count("kafscale_child_restarts_total") >= 1
 
 
 def test_sigterm_stops_everything_and_leaves_no_shared_memory(
-        start_broker: Callable[..., Any]) -> None:
+    start_broker: Callable[..., Any],
+) -> None:
     broker = start_broker()
     broker.wait_ready()
     children = broker.children()
@@ -84,8 +90,9 @@ def test_sigterm_stops_everything_and_leaves_no_shared_memory(
     assert broker.terminate(timeout=60) == 0
     for pid in children:
         assert not os.path.exists(f"/proc/{pid}"), f"child {pid} survived"
-    assert not [name for name in os.listdir("/dev/shm")
-                if name.startswith(f"kafscale-{run_id.group(1)}")]
+    assert not [
+        name for name in os.listdir("/dev/shm") if name.startswith(f"kafscale-{run_id.group(1)}")
+    ]
 
 
 def test_sigint_stops_like_sigterm(start_broker: Callable[..., Any]) -> None:
@@ -98,7 +105,8 @@ def test_sigint_stops_like_sigterm(start_broker: Callable[..., Any]) -> None:
 
 
 def test_child_that_cannot_boot_stops_the_broker_with_its_reason(
-        start_broker: Callable[..., Any]) -> None:
+    start_broker: Callable[..., Any],
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -120,12 +128,17 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("backend", ["s3", "etcd"])
 def test_unreachable_backend_is_a_loud_startup_failure(
-        start_broker: Callable[..., Any], backend: str) -> None:
+    start_broker: Callable[..., Any], backend: str
+) -> None:
     port = _closed_port()
     if backend == "s3":
-        env = {"KAFSCALE_S3_ENDPOINT": f"http://127.0.0.1:{port}", "KAFSCALE_S3_BUCKET": "b",
-               "KAFSCALE_S3_PATH_STYLE": "true", "KAFSCALE_S3_ACCESS_KEY": "k",
-               "KAFSCALE_S3_SECRET_KEY": "s"}
+        env = {
+            "KAFSCALE_S3_ENDPOINT": f"http://127.0.0.1:{port}",
+            "KAFSCALE_S3_BUCKET": "b",
+            "KAFSCALE_S3_PATH_STYLE": "true",
+            "KAFSCALE_S3_ACCESS_KEY": "k",
+            "KAFSCALE_S3_SECRET_KEY": "s",
+        }
     else:
         env = {"KAFSCALE_ETCD_ENDPOINTS": f"127.0.0.1:{port}"}
     broker = start_broker(env=env)

@@ -27,10 +27,15 @@ def test_defaults() -> None:
 
 
 def test_environment_and_flags() -> None:
-    env = {"KAFSCALE_BROKER_PORT": "19092", "KAFSCALE_SHARDS": "3",
-           "KAFSCALE_ETCD_ENDPOINTS": "127.0.0.1:2379, 10.0.0.2:2379",
-           "KAFSCALE_S3_BUCKET": "b", "KAFSCALE_S3_ENDPOINT": "http://127.0.0.1:9000",
-           "KAFSCALE_S3_PATH_STYLE": "true", "KAFSCALE_SEGMENT_BYTES": "8MiB"}
+    env = {
+        "KAFSCALE_BROKER_PORT": "19092",
+        "KAFSCALE_SHARDS": "3",
+        "KAFSCALE_ETCD_ENDPOINTS": "127.0.0.1:2379, 10.0.0.2:2379",
+        "KAFSCALE_S3_BUCKET": "b",
+        "KAFSCALE_S3_ENDPOINT": "http://127.0.0.1:9000",
+        "KAFSCALE_S3_PATH_STYLE": "true",
+        "KAFSCALE_SEGMENT_BYTES": "8MiB",
+    }
     config = load(env, {"shards": "5", "broker_port": None})
     assert config.broker_port == 19092
     assert config.shards == 5  # the flag wins
@@ -39,20 +44,23 @@ def test_environment_and_flags() -> None:
     assert config.segment_bytes == 8 * MiB
 
 
-@pytest.mark.parametrize(("variable", "value"), [
-    ("KAFSCALE_BROKER_PORT", "70000"),
-    ("KAFSCALE_BROKER_PORT", "http"),
-    ("KAFSCALE_SHARDS", "0"),
-    ("KAFSCALE_SEGMENT_BYTES", "4 potatoes"),
-    ("KAFSCALE_SEGMENT_BYTES", "12"),
-    ("KAFSCALE_AUTO_CREATE_TOPICS", "maybe"),
-    ("KAFSCALE_COMPRESSION_CODEC", "gzip2"),
-    ("KAFSCALE_LOG_LEVEL", "loud"),
-    ("KAFSCALE_ETCD_ENDPOINTS", "no-port"),
-    ("KAFSCALE_S3_ENDPOINT", "ftp://x:1"),
-    ("KAFSCALE_S3_NAMESPACE", "a/b"),
-    ("KAFSCALE_FLUSH_INTERVAL_MS", "-1"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KAFSCALE_BROKER_PORT", "70000"),
+        ("KAFSCALE_BROKER_PORT", "http"),
+        ("KAFSCALE_SHARDS", "0"),
+        ("KAFSCALE_SEGMENT_BYTES", "4 potatoes"),
+        ("KAFSCALE_SEGMENT_BYTES", "12"),
+        ("KAFSCALE_AUTO_CREATE_TOPICS", "maybe"),
+        ("KAFSCALE_COMPRESSION_CODEC", "gzip2"),
+        ("KAFSCALE_LOG_LEVEL", "loud"),
+        ("KAFSCALE_ETCD_ENDPOINTS", "no-port"),
+        ("KAFSCALE_S3_ENDPOINT", "ftp://x:1"),
+        ("KAFSCALE_S3_NAMESPACE", "a/b"),
+        ("KAFSCALE_FLUSH_INTERVAL_MS", "-1"),
+    ],
+)
 def test_invalid_values_name_the_variable(variable: str, value: str) -> None:
     env = {variable: value}
     if variable == "KAFSCALE_S3_ENDPOINT":
@@ -66,18 +74,23 @@ def test_invalid_flag_names_flag_and_variable() -> None:
         load({}, {"broker_port": "-3"})
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"KAFSCALE_S3_ENDPOINT": "http://127.0.0.1:9000"}, "KAFSCALE_S3_BUCKET"),
-    ({"KAFSCALE_S3_ACCESS_KEY": "a"}, "KAFSCALE_S3_SECRET_KEY"),
-    ({"KAFSCALE_METRICS_PORT": "9092"}, "KAFSCALE_METRICS_PORT"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"KAFSCALE_S3_ENDPOINT": "http://127.0.0.1:9000"}, "KAFSCALE_S3_BUCKET"),
+        ({"KAFSCALE_S3_ACCESS_KEY": "a"}, "KAFSCALE_S3_SECRET_KEY"),
+        ({"KAFSCALE_METRICS_PORT": "9092"}, "KAFSCALE_METRICS_PORT"),
+    ],
+)
 def test_inconsistent_settings(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load(env)
 
 
-@pytest.mark.parametrize(("text", "size"), [("1024", 1024), ("4MiB", 4 * MiB), ("1GB", 1024 * MiB),
-                                            ("256mb", 256 * MiB), ("10k", 10240)])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1024", 1024), ("4MiB", 4 * MiB), ("1GB", 1024 * MiB), ("256mb", 256 * MiB), ("10k", 10240)],
+)
 def test_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
 
@@ -95,13 +108,16 @@ def test_config_survives_the_trip_to_the_children() -> None:
 
 def test_unknown_variables_are_reported() -> None:
     assert configuration.unknown_variables({"KAFSCALE_BROKER_PROT": "1", "HOME": "/"}) == [
-        "KAFSCALE_BROKER_PROT"]
+        "KAFSCALE_BROKER_PROT"
+    ]
 
 
 def test_wildcard_bind_advertises_a_connectable_host() -> None:
     assert load({"KAFSCALE_BROKER_HOST": "0.0.0.0"}).advertised_listener_host != "0.0.0.0"
-    assert load({"KAFSCALE_ADVERTISED_HOST": "kafka.example"}).advertised_listener_host == \
-        "kafka.example"
+    assert (
+        load({"KAFSCALE_ADVERTISED_HOST": "kafka.example"}).advertised_listener_host
+        == "kafka.example"
+    )
 
 
 def test_readme_configuration_table_is_the_settings_table() -> None:

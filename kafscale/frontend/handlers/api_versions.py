@@ -30,9 +30,15 @@ def unsupported_version_response(apis: dict[int, Api]) -> ApiVersionsResponseV0:
     """The KIP-511 answer to a version we do not know, always encoded as v0."""
     return ApiVersionsResponseV0(
         error_code=ErrorCode.unsupported_version,
-        api_keys=tuple(ApiVersionV0(api_key=i16(api.key), min_version=i16(api.min_version),
-                                    max_version=i16(api.max_version))
-                       for api in sorted(apis.values(), key=lambda api: api.key)))
+        api_keys=tuple(
+            ApiVersionV0(
+                api_key=i16(api.key),
+                min_version=i16(api.min_version),
+                max_version=i16(api.max_version),
+            )
+            for api in sorted(apis.values(), key=lambda api: api.key)
+        ),
+    )
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
@@ -40,11 +46,18 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     schema = response_schema(API_KEY, version)
     assert schema is not None
     error = ErrorCode.none
-    if version >= 3 and not (_SOFTWARE.fullmatch(request.client_software_name)
-                             and _SOFTWARE.fullmatch(request.client_software_version)):
+    if version >= 3 and not (
+        _SOFTWARE.fullmatch(request.client_software_name)
+        and _SOFTWARE.fullmatch(request.client_software_version)
+    ):
         error = ErrorCode.invalid_request
-    api_keys = tuple(build(nested(schema, "ApiVersion"), api_key=i16(api.key),
-                           min_version=i16(api.min_version), max_version=i16(api.max_version))
-                     for api in sorted(ctx.broker.apis.values(), key=lambda api: api.key))
+    api_keys = tuple(
+        build(
+            nested(schema, "ApiVersion"),
+            api_key=i16(api.key),
+            min_version=i16(api.min_version),
+            max_version=i16(api.max_version),
+        )
+        for api in sorted(ctx.broker.apis.values(), key=lambda api: api.key)
+    )
     return build(schema, error_code=error, api_keys=api_keys, throttle_time=datetime.timedelta(0))
-

@@ -27,35 +27,55 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     schema = response_schema(API_KEY, ctx.version)
     assert schema is not None
     snapshot = ctx.broker.view.snapshot
-    topics = [_topic(ctx, schema, record, name, topic_id)
-              for name, topic_id, record in _selected(ctx.version, request, snapshot.topics)]
-    return build(schema, throttle_time=datetime.timedelta(0),
-                 brokers=tuple(_broker(schema, b) for b in _brokers(ctx, snapshot.brokers)),
-                 cluster_id=snapshot.cluster_id, controller_id=ctx.broker.node_id,
-                 topics=tuple(topics))
+    topics = [
+        _topic(ctx, schema, record, name, topic_id)
+        for name, topic_id, record in _selected(ctx.version, request, snapshot.topics)
+    ]
+    return build(
+        schema,
+        throttle_time=datetime.timedelta(0),
+        brokers=tuple(_broker(schema, b) for b in _brokers(ctx, snapshot.brokers)),
+        cluster_id=snapshot.cluster_id,
+        controller_id=ctx.broker.node_id,
+        topics=tuple(topics),
+    )
 
 
 def _brokers(ctx: RequestContext, registered: dict[int, BrokerRecord]) -> list[BrokerRecord]:
     """Registered brokers; this one always included, even before its registration is seen."""
     config = ctx.broker.config
     brokers = dict(registered)
-    brokers.setdefault(ctx.broker.node_id, BrokerRecord(
-        node_id=ctx.broker.node_id, host=config.advertised_listener_host,
-        port=config.broker_port))
+    brokers.setdefault(
+        ctx.broker.node_id,
+        BrokerRecord(
+            node_id=ctx.broker.node_id,
+            host=config.advertised_listener_host,
+            port=config.broker_port,
+        ),
+    )
     return [brokers[node_id] for node_id in sorted(brokers)]
 
 
 def _broker(schema: type[Any], record: BrokerRecord) -> Any:
-    return build(nested(schema, "MetadataResponseBroker"), node_id=record.node_id,
-                 host=record.host, port=record.port, rack=record.rack)
+    return build(
+        nested(schema, "MetadataResponseBroker"),
+        node_id=record.node_id,
+        host=record.host,
+        port=record.port,
+        rack=record.rack,
+    )
 
 
-def _selected(version: int, request: Any, topics: dict[str, TopicRecord],
-              ) -> list[tuple[str | None, uuid.UUID | None, TopicRecord | None]]:
+def _selected(
+    version: int,
+    request: Any,
+    topics: dict[str, TopicRecord],
+) -> list[tuple[str | None, uuid.UUID | None, TopicRecord | None]]:
     """(name, id, record or None if unknown) of each topic the request asks about."""
     if request.topics is None or (version == 0 and not request.topics):
-        return [(name, uuid.UUID(record.topic_id), record)
-                for name, record in sorted(topics.items())]
+        return [
+            (name, uuid.UUID(record.topic_id), record) for name, record in sorted(topics.items())
+        ]
     by_id = {uuid.UUID(record.topic_id): record for record in topics.values()}
     selected: list[tuple[str | None, uuid.UUID | None, TopicRecord | None]] = []
     for wanted in request.topics:
@@ -70,19 +90,39 @@ def _selected(version: int, request: Any, topics: dict[str, TopicRecord],
     return selected
 
 
-def _topic(ctx: RequestContext, schema: type[Any], record: TopicRecord | None,
-           name: str | None, topic_id: uuid.UUID | None) -> Any:
+def _topic(
+    ctx: RequestContext,
+    schema: type[Any],
+    record: TopicRecord | None,
+    name: str | None,
+    topic_id: uuid.UUID | None,
+) -> Any:
     topic_class = nested(schema, "MetadataResponseTopic")
     if record is None:
-        error = (ErrorCode.unknown_topic_id if name is None
-                 else ErrorCode.unknown_topic_or_partition)
-        return build(topic_class, error_code=error, name=name,
-                     topic_id=topic_id or NO_UUID, partitions=())
+        error = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
+        return build(
+            topic_class, error_code=error, name=name, topic_id=topic_id or NO_UUID, partitions=()
+        )
     partition_class = nested(schema, "MetadataResponsePartition")
     node = ctx.broker.node_id
-    partitions = tuple(build(partition_class, error_code=ErrorCode.none, partition_index=index,
-                             leader_id=node, leader_epoch=0, replica_nodes=(node,),
-                             isr_nodes=(node,), offline_replicas=())
-                       for index in range(record.partitions))
-    return build(topic_class, error_code=ErrorCode.none, name=record.name,
-                 topic_id=uuid.UUID(record.topic_id), is_internal=False, partitions=partitions)
+    partitions = tuple(
+        build(
+            partition_class,
+            error_code=ErrorCode.none,
+            partition_index=index,
+            leader_id=node,
+            leader_epoch=0,
+            replica_nodes=(node,),
+            isr_nodes=(node,),
+            offline_replicas=(),
+        )
+        for index in range(record.partitions)
+    )
+    return build(
+        topic_class,
+        error_code=ErrorCode.none,
+        name=record.name,
+        topic_id=uuid.UUID(record.topic_id),
+        is_internal=False,
+        partitions=partitions,
+    )

@@ -30,13 +30,16 @@ class StaticView:
 
 
 def make_broker(**env: str) -> Broker:
-    config = configuration.load({"KAFSCALE_BROKER_ID": "3", "KAFSCALE_BROKER_PORT": "19092",
-                                 **env})
+    config = configuration.load({"KAFSCALE_BROKER_ID": "3", "KAFSCALE_BROKER_PORT": "19092", **env})
     snapshot = Snapshot(
-        revision=5, cluster_id="abcdefghijklmnopqrstuv",
-        brokers={3: BrokerRecord(node_id=3, host="127.0.0.1", port=19092),
-                 4: BrokerRecord(node_id=4, host="10.0.0.4", port=9092, rack="r1")},
-        topics={"orders": TopicRecord(name="orders", topic_id=str(ORDERS_ID), partitions=3)})
+        revision=5,
+        cluster_id="abcdefghijklmnopqrstuv",
+        brokers={
+            3: BrokerRecord(node_id=3, host="127.0.0.1", port=19092),
+            4: BrokerRecord(node_id=4, host="10.0.0.4", port=9092, rack="r1"),
+        },
+        topics={"orders": TopicRecord(name="orders", topic_id=str(ORDERS_ID), partitions=3)},
+    )
     return Broker(config, StaticView(snapshot), APIS)
 
 
@@ -54,10 +57,14 @@ def decode_response(frame: bytes, api_key: int, version: int) -> tuple[int, Any]
     return int(header.correlation_id), body
 
 
-def api_versions_request(version: int, name: str = "kafscale-tests",
-                         software_version: str = "1.0") -> Any:
-    return codec.build(load_request_schema(18, version), client_software_name=name,
-                       client_software_version=software_version)
+def api_versions_request(
+    version: int, name: str = "kafscale-tests", software_version: str = "1.0"
+) -> Any:
+    return codec.build(
+        load_request_schema(18, version),
+        client_software_name=name,
+        client_software_version=software_version,
+    )
 
 
 @pytest.mark.parametrize("version", range(5))
@@ -67,8 +74,9 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
     correlation_id, response = decode_response(frame, 18, version)
     assert correlation_id == 11
     assert response.error_code == ErrorCode.none
-    advertised = {int(k.api_key): (int(k.min_version), int(k.max_version))
-                  for k in response.api_keys}
+    advertised = {
+        int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys
+    }
     assert advertised == {18: (0, 4), 3: (0, 12)}
 
 
@@ -93,13 +101,23 @@ def test_api_versions_with_invalid_software_name_is_invalid_request() -> None:
 def metadata(version: int, topics: list[str | uuid.UUID] | None) -> Any:
     schema = load_request_schema(3, version)
     topic_class = codec.nested(schema, "MetadataRequestTopic")
-    entries = None if topics is None else tuple(
-        codec.build(topic_class, name=None, topic_id=t) if isinstance(t, uuid.UUID)
-        else codec.build(topic_class, name=t, topic_id=None)
-        for t in topics)
-    return codec.build(schema, topics=entries, allow_auto_topic_creation=False,
-                       include_cluster_authorized_operations=False,
-                       include_topic_authorized_operations=False)
+    entries = (
+        None
+        if topics is None
+        else tuple(
+            codec.build(topic_class, name=None, topic_id=t)
+            if isinstance(t, uuid.UUID)
+            else codec.build(topic_class, name=t, topic_id=None)
+            for t in topics
+        )
+    )
+    return codec.build(
+        schema,
+        topics=entries,
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 @pytest.mark.parametrize("version", range(13))
@@ -109,7 +127,9 @@ def test_metadata_all_topics_every_version(version: int) -> None:
     assert frame is not None
     _, response = decode_response(frame, 3, version)
     assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
-        (3, "127.0.0.1", 19092), (4, "10.0.0.4", 9092)]
+        (3, "127.0.0.1", 19092),
+        (4, "10.0.0.4", 9092),
+    ]
     if version >= 2:
         assert response.cluster_id == "abcdefghijklmnopqrstuv"
     if version >= 1:
@@ -143,7 +163,9 @@ def test_metadata_v12_by_topic_id() -> None:
     assert frame is not None
     _, response = decode_response(frame, 3, 12)
     assert [(t.name, t.topic_id, t.error_code) for t in response.topics] == [
-        ("orders", ORDERS_ID, ErrorCode.none), (None, unknown, ErrorCode.unknown_topic_id)]
+        ("orders", ORDERS_ID, ErrorCode.none),
+        (None, unknown, ErrorCode.unknown_topic_id),
+    ]
 
 
 def test_this_broker_is_listed_even_before_its_registration_is_seen() -> None:
@@ -166,9 +188,12 @@ def test_unimplemented_api_gets_an_error_response_not_a_hang_up() -> None:
 
 
 def test_metadata_version_outside_our_range_gets_an_error_response() -> None:
-    request = codec.build(load_request_schema(3, 13), topics=None,
-                          allow_auto_topic_creation=False,
-                          include_topic_authorized_operations=False)
+    request = codec.build(
+        load_request_schema(3, 13),
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
     frame = process(make_broker(), request_frame(request))
     assert frame is not None
     _, response = decode_response(frame, 3, 13)

@@ -49,8 +49,12 @@ class Server:
             return messages.ErrorReply(message=f"{len(incoming.bulk)} frames, {size} bytes")
 
         try:
-            serve_until(self.stopping, self.server, {messages.Ping: lambda _: PONG,
-                                                     messages.ErrorReply: echo}, idle_ms=20)
+            serve_until(
+                self.stopping,
+                self.server,
+                {messages.Ping: lambda _: PONG, messages.ErrorReply: echo},
+                idle_ms=20,
+            )
         finally:
             self.server.close()
 
@@ -60,22 +64,26 @@ class Server:
 
 
 def test_messages_round_trip_by_tag() -> None:
-    for message in (PONG, messages.Ping(), messages.Ready(role="frontend", index=0, pid=1),
-                    messages.BootFailed(role="flusher", index=0, pid=2, reason="S3 down")):
+    for message in (
+        PONG,
+        messages.Ping(),
+        messages.Ready(role="frontend", index=0, pid=1),
+        messages.BootFailed(role="flusher", index=0, pid=2, reason="S3 down"),
+    ):
         assert messages.decode(messages.encode(message)) == message
     with pytest.raises(msgspec.DecodeError):
         messages.decode(b"\x93garbage")
 
 
-def test_call_and_reply_with_bulk_frames(context: zmq.Context[zmq.Socket[bytes]],
-                                         address: str) -> None:
+def test_call_and_reply_with_bulk_frames(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
     server = Server(context, address)
     client = RpcClient(context, address)
     try:
         assert client.call(messages.Ping(), timeout_ms=5000).message == PONG
         payload = memoryview(bytes(range(256)) * 4096)  # sent without a copy
-        reply = client.call(messages.ErrorReply(message="echo"), [payload, b"xy"],
-                            timeout_ms=5000)
+        reply = client.call(messages.ErrorReply(message="echo"), [payload, b"xy"], timeout_ms=5000)
         assert reply.message == messages.ErrorReply(message="2 frames, 1048578 bytes")
         # A request type the server has no handler for gets an ErrorReply, not silence.
         reply = client.call(messages.Ready(role="x", index=0, pid=0), timeout_ms=5000)
@@ -103,8 +111,9 @@ def test_silent_peer_times_out(context: zmq.Context[zmq.Socket[bytes]], address:
     silent.close(linger=0)
 
 
-def test_client_reconnects_to_a_restarted_server(context: zmq.Context[zmq.Socket[bytes]],
-                                                 address: str) -> None:
+def test_client_reconnects_to_a_restarted_server(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
     client = RpcClient(context, address)
     server = Server(context, address)
     assert client.call(messages.Ping(), timeout_ms=5000).message == PONG
@@ -117,17 +126,21 @@ def test_client_reconnects_to_a_restarted_server(context: zmq.Context[zmq.Socket
         server.stop()
 
 
-def test_async_client_matches_concurrent_replies(context: zmq.Context[zmq.Socket[bytes]],
-                                                 address: str) -> None:
+def test_async_client_matches_concurrent_replies(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
     server = Server(context, address)
 
     async def many() -> list[messages.Message]:
         async_context = zmq.asyncio.Context()
         client = AsyncRpcClient(async_context, address)
         try:
-            replies = await asyncio.gather(*(
-                client.call(messages.ErrorReply(message="echo"), [b"x" * n], timeout=10)
-                for n in range(50)))
+            replies = await asyncio.gather(
+                *(
+                    client.call(messages.ErrorReply(message="echo"), [b"x" * n], timeout=10)
+                    for n in range(50)
+                )
+            )
             return [reply.message for reply in replies]
         finally:
             client.close()

@@ -127,13 +127,21 @@ def test_get_put_delete_and_revisions(backend: Backend) -> None:
     kv = store.get(key)
     assert kv is not None
     assert (kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease_id) == (
-        key, b"one", first, first, 0)
+        key,
+        b"one",
+        first,
+        first,
+        0,
+    )
     second = store.put(key, b"two")
     assert second > first
     assert store.revision() >= second
     kv = store.get(key)
     assert kv is not None and (kv.value, kv.create_revision, kv.mod_revision) == (
-        b"two", first, second)
+        b"two",
+        first,
+        second,
+    )
     assert store.delete(key) is True
     assert store.get(key) is None
     assert store.delete(key) is False
@@ -146,10 +154,20 @@ def test_get_prefix_is_sorted_and_filtered(backend: Backend) -> None:
     store, p = backend.store, backend.prefix
     for key in ["a/z", "a/b", "a/é", "a/a", "ab", "a", "b/a"]:
         store.put(p + key, key.encode())
-    assert [kv.key for kv in store.get_prefix(p + "a/")] == [p + "a/a", p + "a/b", p + "a/z",
-                                                              p + "a/é"]
-    assert [kv.value for kv in store.get_prefix(p + "a")] == [b"a", b"a/a", b"a/b", b"a/z",
-                                                              "a/é".encode(), b"ab"]
+    assert [kv.key for kv in store.get_prefix(p + "a/")] == [
+        p + "a/a",
+        p + "a/b",
+        p + "a/z",
+        p + "a/é",
+    ]
+    assert [kv.value for kv in store.get_prefix(p + "a")] == [
+        b"a",
+        b"a/a",
+        b"a/b",
+        b"a/z",
+        "a/é".encode(),
+        b"ab",
+    ]
     assert store.get_prefix(p + "c") == []
 
 
@@ -189,13 +207,17 @@ def test_transaction_on_value(backend: Backend) -> None:
 def test_multi_operation_transaction_is_atomic(backend: Backend) -> None:
     store, p = backend.store, backend.prefix
     store.put(p + "gone", b"")
-    result = store.transaction([Compare.absent(p + "a")],
-                               [Put(p + "a", b"1"), Put(p + "b", b"2"), Delete(p + "gone")])
+    result = store.transaction(
+        [Compare.absent(p + "a")], [Put(p + "a", b"1"), Put(p + "b", b"2"), Delete(p + "gone")]
+    )
     assert result.succeeded
     assert [(kv.key, kv.mod_revision) for kv in store.get_prefix(p)] == [
-        (p + "a", result.revision), (p + "b", result.revision)]
-    failed = store.transaction([Compare.absent(p + "a")], [Put(p + "c", b""), Delete(p + "a")],
-                               [Put(p + "d", b"")])
+        (p + "a", result.revision),
+        (p + "b", result.revision),
+    ]
+    failed = store.transaction(
+        [Compare.absent(p + "a")], [Put(p + "c", b""), Delete(p + "a")], [Put(p + "d", b"")]
+    )
     assert not failed.succeeded
     assert [kv.key for kv in store.get_prefix(p)] == [p + "a", p + "b", p + "d"]
     lease = store.grant_lease(30)
@@ -217,8 +239,9 @@ def cas_increment(store: MetadataStore, key: str, times: int) -> None:
 
 def test_concurrent_cas_increments_lose_no_update(backend: Backend) -> None:
     key = backend.prefix + "counter"
-    threads = [threading.Thread(target=cas_increment, args=(backend.store, key, 25))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=cas_increment, args=(backend.store, key, 25)) for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -239,9 +262,13 @@ def test_watch_sees_puts_and_deletes_in_order_under_its_prefix(backend: Backend)
     store.put(p + "other", b"x")
     store.put(p + "w/end", b"")
     events = seen.wait_for(5)
-    assert seen.seen() == [(EventType.PUT, p + "w/a", b"1"), (EventType.PUT, p + "w/b", b"2"),
-                           (EventType.PUT, p + "w/c", b"3"), (EventType.DELETE, p + "w/a", b""),
-                           (EventType.PUT, p + "w/end", b"")]
+    assert seen.seen() == [
+        (EventType.PUT, p + "w/a", b"1"),
+        (EventType.PUT, p + "w/b", b"2"),
+        (EventType.PUT, p + "w/c", b"3"),
+        (EventType.DELETE, p + "w/a", b""),
+        (EventType.PUT, p + "w/end", b""),
+    ]
     revisions = [event.mod_revision for event in events]
     assert revisions[1] == revisions[2] and revisions == sorted(revisions)
     assert len(set(revisions)) == 4
@@ -254,14 +281,19 @@ def test_watch_replays_after_start_revision(backend: Backend) -> None:
     store.put(p + "b", b"2")
     store.delete(p + "a")
     after_first, from_start = Collector(), Collector()
-    watches = [store.watch_prefix(p, after_first, start_revision=first),
-               store.watch_prefix(p, from_start, start_revision=first - 1)]
+    watches = [
+        store.watch_prefix(p, after_first, start_revision=first),
+        store.watch_prefix(p, from_start, start_revision=first - 1),
+    ]
     after_first.wait_for(2)
     from_start.wait_for(3)
     store.put(p + "c", b"3")
     after_first.wait_for(3)
-    assert after_first.seen() == [(EventType.PUT, p + "b", b"2"), (EventType.DELETE, p + "a", b""),
-                                  (EventType.PUT, p + "c", b"3")]
+    assert after_first.seen() == [
+        (EventType.PUT, p + "b", b"2"),
+        (EventType.DELETE, p + "a", b""),
+        (EventType.PUT, p + "c", b"3"),
+    ]
     assert from_start.seen()[0] == (EventType.PUT, p + "a", b"1")
     for watch in watches:
         watch.cancel()
@@ -392,8 +424,9 @@ def test_sqlite_cas_increments_from_processes_lose_no_update(tmp_path: Path) -> 
     path = str(tmp_path / "metadata.sqlite")
     store = SqliteMetadataStore(path)
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=_increment_in_process, args=(path, "counter", 30))
-               for _ in range(3)]
+    workers = [
+        spawn.Process(target=_increment_in_process, args=(path, "counter", 30)) for _ in range(3)
+    ]
     for worker in workers:
         worker.start()
     cas_increment(store, "counter", 30)
@@ -410,7 +443,8 @@ def test_sqlite_lease_of_killed_process_expires(tmp_path: Path) -> None:
     seen = Collector()
     watch = store.watch_prefix("brokers/", seen)
     holder = multiprocessing.get_context("spawn").Process(
-        target=_hold_lease_in_process, args=(path, "brokers/1"))
+        target=_hold_lease_in_process, args=(path, "brokers/1")
+    )
     holder.start()
     try:
         wait_until(lambda: store.get("brokers/1") is not None, "the child to put its key")
@@ -420,8 +454,10 @@ def test_sqlite_lease_of_killed_process_expires(tmp_path: Path) -> None:
         os.kill(holder.pid, signal.SIGKILL)
         holder.join()
     seen.wait_for(2)
-    assert seen.seen() == [(EventType.PUT, "brokers/1", b"held"),
-                           (EventType.DELETE, "brokers/1", b"")]
+    assert seen.seen() == [
+        (EventType.PUT, "brokers/1", b"held"),
+        (EventType.DELETE, "brokers/1", b""),
+    ]
     assert store.get("brokers/1") is None
     watch.cancel()
     store.close()

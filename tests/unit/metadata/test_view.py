@@ -28,8 +28,9 @@ def test_view_loads_then_follows_the_store(tmp_path: Path) -> None:
         assert view.snapshot.cluster_id == "cluster-1"
         assert view.snapshot.brokers == {0: BrokerRecord(node_id=0, host="h", port=1)}
         changed.clear()
-        topic = TopicRecord(name="orders", topic_id="6d0f7b47-6e3e-4c0e-9a53-1f1b0d6e1d10",
-                            partitions=4)
+        topic = TopicRecord(
+            name="orders", topic_id="6d0f7b47-6e3e-4c0e-9a53-1f1b0d6e1d10", partitions=4
+        )
         writer.put(keys.topic("orders"), records.encode(topic))
         while "orders" not in wait_for_snapshot(view, changed).topics:
             pass
@@ -38,8 +39,14 @@ def test_view_loads_then_follows_the_store(tmp_path: Path) -> None:
         while wait_for_snapshot(view, changed).brokers:
             pass
         writer.put(keys.topic("broken"), b"{not json")
-        writer.put(keys.topic("later"), records.encode(TopicRecord(
-            name="later", topic_id="6d0f7b47-6e3e-4c0e-9a53-1f1b0d6e1d11", partitions=1)))
+        writer.put(
+            keys.topic("later"),
+            records.encode(
+                TopicRecord(
+                    name="later", topic_id="6d0f7b47-6e3e-4c0e-9a53-1f1b0d6e1d11", partitions=1
+                )
+            ),
+        )
         while "later" not in wait_for_snapshot(view, changed).topics:
             pass
         assert "broken" not in view.snapshot.topics  # skipped, not fatal

@@ -23,9 +23,13 @@ def metadata_request(version: int) -> Any:
     schema = load_request_schema(3, version)
     topic = codec.nested(schema, "MetadataRequestTopic")
     topics = (codec.build(topic, name="orders", topic_id=None),)
-    return codec.build(schema, topics=topics, allow_auto_topic_creation=True,
-                       include_cluster_authorized_operations=False,
-                       include_topic_authorized_operations=False)
+    return codec.build(
+        schema,
+        topics=topics,
+        allow_auto_topic_creation=True,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 @pytest.mark.parametrize("version", range(13))

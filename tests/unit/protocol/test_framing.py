@@ -70,4 +70,5 @@ def test_garbage_parses_or_raises_the_decode_error(data: bytes) -> None:
     except DecodeError:
         return
     assert sum(len(frame) + 4 for frame in frames) + decoder.buffered + (
-        4 if decoder._expected is not None else 0) == len(data)
+        4 if decoder._expected is not None else 0
+    ) == len(data)

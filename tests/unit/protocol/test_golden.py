@@ -8,15 +8,16 @@ from kafscale.protocol import codec
 # librdkafka appends three bytes after the Metadata v12 body; Kafka's parser ignores them.
 LIBRDKAFKA_API_VERSIONS_V3 = bytes.fromhex(
     "0012000300000001000772646b61666b610017636f6e666c75656e742d6b61666b612d707974686f6e1632"
-    "2e31362e312d72646b61666b612d322e31362e3000")
+    "2e31362e312d72646b61666b612d322e31362e3000"
+)
 LIBRDKAFKA_METADATA_V12_NO_TOPICS = bytes.fromhex("0003000c00000002000772646b61666b610001000000")
 LIBRDKAFKA_METADATA_V12_ALL_TOPICS = bytes.fromhex(
-    "0003000c00000003000772646b61666b610000000000010000")
+    "0003000c00000003000772646b61666b610000000000010000"
+)
 
 
 def test_librdkafka_api_versions() -> None:
-    header, request = codec.decode_request(LIBRDKAFKA_API_VERSIONS_V3,
-                                           load_request_schema(18, 3))
+    header, request = codec.decode_request(LIBRDKAFKA_API_VERSIONS_V3, load_request_schema(18, 3))
     assert header == codec.RequestHeader(18, 3, 1, "rdkafka")
     assert request.client_software_name == "confluent-kafka-python"
     assert request.client_software_version == "2.16.1-rdkafka-2.16.0"

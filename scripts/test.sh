@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Install everything and run the whole test suite: the one command the README gives.
+#   scripts/test.sh [PYTEST ARGS...]     e.g. scripts/test.sh -k harness -x
+# Steps: scripts/install-deps.sh, ruff check, ruff format --check, mypy, pytest (xdist,
+# pytest-timeout). Every check runs even if an earlier one failed, so one run shows all
+# problems; the exit status is non-zero if any failed. pytest collecting no test (exit 5) is a
+# failure. PYTEST_WORKERS (default 2) and PYTEST_TIMEOUT (seconds per test, default 300) tune
+# pytest.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+bash scripts/install-deps.sh
+
+BIN="$ROOT/.venv/bin"
+failed=()
+
+run() { # run NAME COMMAND...: one check, recorded if it fails
+    local name=$1
+    shift
+    echo "=== $name"
+    if "$@"; then
+        echo "--- $name: ok"
+    else
+        local rc=$?
+        echo "--- $name: FAILED (exit $rc)"
+        failed+=("$name")
+    fi
+}
+
+run "ruff check" "$BIN/ruff" check .
+run "ruff format --check" "$BIN/ruff" format --check --output-format concise .
+run "mypy" "$BIN/mypy"
+
+echo "=== pytest"
+set +e
+"$BIN/python" -m pytest -n "${PYTEST_WORKERS:-2}" --timeout "${PYTEST_TIMEOUT:-300}" "$@"
+rc=$?
+set -e
+case $rc in
+    0) echo "--- pytest: ok" ;;
+    5)
+        echo "--- pytest: FAILED: no tests were collected (exit 5)"
+        failed+=("pytest (no tests collected)")
+        ;;
+    *)
+        echo "--- pytest: FAILED (exit $rc)"
+        failed+=("pytest")
+        ;;
+esac
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+    printf 'test.sh: FAILED:'
+    printf ' [%s]' "${failed[@]}"
+    printf '\n'
+    exit 1
+fi
+echo "test.sh: all checks passed"

@@ -1,0 +1,103 @@
+"""Fixtures that run real servers and real clients (see tests/harness/).
+
+Session scope, one set per pytest-xdist worker: `etcd_server`, `s3_server` (MinIO), `java_probe`,
+`kcat`. Function scope: `s3_bucket` (a fresh bucket) and `start_broker` (alias `broker`), a
+factory that starts `kafscale serve` as real processes and checks at teardown that SIGTERM
+stopped all of them.
+Nothing is skipped when a tool is missing: the fixture fails and says to run
+scripts/install-deps.sh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pytest
+
+from tests.harness.broker import BrokerFactory, unique_bucket_name
+from tests.harness.clients import JavaProbe, find_java, find_kcat
+from tests.harness.etcd import EtcdServer
+from tests.harness.minio import MinioServer
+from tests.harness.procs import HarnessError
+
+T = TypeVar("T")
+
+
+def _or_fail(make: Callable[[], T]) -> T:
+    """Turn a harness failure into a plain test failure whose message is the whole story."""
+    try:
+        return make()
+    except HarnessError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """A real etcd on a free loopback port; `.stop()`/`.start()` keep its data and port."""
+    server = _or_fail(lambda: EtcdServer(tmp_path_factory.mktemp("etcd")))
+    _or_fail(server.start_first)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    """A real MinIO on a free loopback port; objects persist across `.stop()`/`.start()`."""
+    server = _or_fail(lambda: MinioServer(tmp_path_factory.mktemp("minio")))
+    _or_fail(server.start_first)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: MinioServer) -> str:
+    """The name of a fresh, empty bucket on `s3_server`."""
+    _or_fail(s3_server.ensure_running)
+    return s3_server.create_bucket(unique_bucket_name())
+
+
+@pytest.fixture
+def start_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerFactory]:
+    """`start_broker(env=None, backends="embedded"|"real", *, ready=False) -> BrokerProcess`.
+
+    backends="real" starts (once per worker) etcd and MinIO and points the broker at them.
+    The broker is returned once spawned: call `.wait_ready()` (or pass ready=True).
+    At teardown every broker still running gets SIGTERM; the test fails if one does not exit 0
+    in time, or if processes of a broker outlived its supervisor (unless the test `.kill()`ed
+    it).
+    """
+    factory = BrokerFactory(
+        tmp_path_factory.mktemp("brokers"),
+        request.node.name,
+        etcd=lambda: request.getfixturevalue("etcd_server"),
+        s3=lambda: request.getfixturevalue("s3_server"),
+    )
+    yield factory
+    problems = factory.close()
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def broker(start_broker: BrokerFactory) -> BrokerFactory:
+    """Another name for `start_broker` (the same factory within a test)."""
+    return start_broker
+
+
+@pytest.fixture(scope="session")
+def java_probe() -> JavaProbe:
+    """`java_probe("3.9" | "4", *args) -> CompletedProcess`; `.json(...)` parses stdout."""
+    return _or_fail(lambda: JavaProbe(find_java()))
+
+
+@pytest.fixture(scope="session")
+def kcat() -> str:
+    """The path of the kcat binary."""
+    return _or_fail(find_kcat)
