@@ -4,6 +4,7 @@
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
 #   python  .venv with `pip install -e '.[test]'`
 #   java    the kafka-clients probe, tests/java/target (see tests/java/pom.xml)
+# Usage: scripts/install-deps.sh [STEP...]   (default: every step, in the order above)
 # Idempotent: each step checks a stamp or the installed state first and is a no-op when current,
 # so a rerun takes seconds. Safe under `set -euo pipefail`, CI=true and no stdin. Runs are
 # serialised by a lock file, so two concurrent callers do not build the same thing twice.
@@ -192,7 +193,12 @@ install_java() {
     say java "built probe, $(cd "$target" && echo lib-*/kafka-clients-*.jar)"
 }
 
-install_apt
-install_minio
-install_python
-install_java
+# With arguments, only the named steps run (scripts/serve.sh needs just `python`).
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(apt minio python java)
+for name in "${steps[@]}"; do
+    case $name in
+        apt | minio | python | java) "install_$name" ;;
+        *) die "$name" "unknown step (known: apt minio python java)" ;;
+    esac
+done
