@@ -48,7 +48,7 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("victim", ["shard-1", "coordinator-0", "flusher-0"])
+@pytest.mark.parametrize("victim", ["shard-1", "coordinator-0", "flusher-0", "frontend-0"])
 def test_killed_child_is_restarted_and_metadata_keeps_flowing(
     start_broker: Callable[..., Any], victim: str
 ) -> None:
