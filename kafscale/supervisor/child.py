@@ -133,11 +133,7 @@ def main(argv: list[str]) -> int:
         run(context)
     except Exception as exc:
         if not context.is_ready:
-            reason = (
-                f"{type(exc).__name__}: {exc}"
-                if not str(exc).startswith(type(exc).__name__)
-                else str(exc)
-            )
+            reason = f"{type(exc).__name__}: {exc}"
             log.error("boot failed", extra={"reason": reason}, exc_info=exc)
             context.boot_failed(reason)
             context.close()
