@@ -1,7 +1,8 @@
 """The coordinator process: the single writer of the cluster's metadata.
 
-Today it owns the cluster id and this broker's registration; topics, partition states, consumer
-groups, committed offsets and producer ids join it in later milestones. Other processes never
+It owns the cluster id, this broker's registration and the topics (creation, deletion and the
+removal of a deleted topic's objects); partition states, consumer groups, committed offsets and
+producer ids join it in later milestones. Other processes never
 write metadata: they read the watched view (``kafscale.metadata.view``) or ask the coordinator.
 """
 
@@ -13,8 +14,10 @@ from kafscale.ipc import messages
 from kafscale.ipc.rpc import RpcServer, serve_until
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord, Keys
+from kafscale.storage import open_object_store
 from kafscale.supervisor.child import ChildContext
 
+from .admin import TopicAdmin
 from .registry import BrokerRegistration, ensure_cluster_id
 
 log = logging.getLogger(__name__)
@@ -23,8 +26,11 @@ log = logging.getLogger(__name__)
 def run(ctx: ChildContext) -> None:
     config = ctx.config
     store = open_metadata_store(config)
+    objects = open_object_store(config)
     try:
         store.check()
+        admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
+        admin.resume_deletions()
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
         broker = BrokerRecord(
@@ -39,7 +45,11 @@ def run(ctx: ChildContext) -> None:
             serve_until(
                 ctx.stopping,
                 server,
-                {messages.Ping: lambda _: ctx.pong()},
+                {
+                    messages.Ping: lambda _: ctx.pong(),
+                    messages.CreateTopics: admin.handle_create,
+                    messages.DeleteTopics: admin.handle_delete,
+                },
                 on_idle=registration.keep_alive,
             )
         finally:
@@ -47,3 +57,4 @@ def run(ctx: ChildContext) -> None:
             server.close()
     finally:
         store.close()
+        objects.close()

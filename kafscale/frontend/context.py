@@ -6,11 +6,12 @@ response (or None when the protocol sends none).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafscale.config import Config
+from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol.codec import RequestHeader
 
@@ -31,6 +32,18 @@ class Api:
         return self.min_version <= version <= self.max_version
 
 
+class Coordinator(Protocol):
+    """Topic administration through the coordinator (``kafscale.frontend.coordinator``)."""
+
+    async def create_topics(
+        self, specs: Sequence[TopicSpec], validate_only: bool = False
+    ) -> list[TopicResult]: ...
+
+    async def delete_topics(
+        self, names: Sequence[str], topic_ids: Sequence[str]
+    ) -> list[TopicResult]: ...
+
+
 class View(Protocol):
     """The metadata a handler reads: ``kafscale.metadata.view.MetadataView`` in the broker."""
 
@@ -43,6 +56,7 @@ class Broker:
     config: Config
     view: View
     apis: dict[int, Api]
+    coordinator: Coordinator
 
     @property
     def node_id(self) -> int:

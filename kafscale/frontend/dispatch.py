@@ -7,7 +7,7 @@ Kafka 4's broker (KIP-896 minimums), widened where maintained clients need older
 from __future__ import annotations
 
 from kafscale.frontend.context import Api
-from kafscale.frontend.handlers import api_versions, metadata
+from kafscale.frontend.handlers import api_versions, create_topics, delete_topics, metadata
 
 APIS: dict[int, Api] = {
     api.key: api
@@ -18,6 +18,20 @@ APIS: dict[int, Api] = {
             metadata.MIN_VERSION,
             metadata.MAX_VERSION,
             metadata.handle,
+        ),
+        Api(
+            create_topics.API_KEY,
+            "CreateTopics",
+            create_topics.MIN_VERSION,
+            create_topics.MAX_VERSION,
+            create_topics.handle,
+        ),
+        Api(
+            delete_topics.API_KEY,
+            "DeleteTopics",
+            delete_topics.MIN_VERSION,
+            delete_topics.MAX_VERSION,
+            delete_topics.handle,
         ),
         Api(
             api_versions.API_KEY,

@@ -16,9 +16,10 @@ import zmq.asyncio
 
 from kafscale.frontend.connection import Connection
 from kafscale.frontend.context import Broker
+from kafscale.frontend.coordinator import CoordinatorClient
 from kafscale.frontend.dispatch import APIS
-from kafscale.ipc import messages
-from kafscale.ipc.rpc import AsyncRpcServer
+from kafscale.ipc import endpoints, messages
+from kafscale.ipc.rpc import AsyncRpcClient, AsyncRpcServer
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.view import MetadataView
 from kafscale.supervisor.child import ChildContext
@@ -35,15 +36,18 @@ def run(ctx: ChildContext) -> None:
         view = MetadataView(store, ctx.config.s3_namespace)
         view.start()
         try:
-            asyncio.run(_serve(ctx, Broker(ctx.config, view, APIS)))
+            asyncio.run(_serve(ctx, view))
         finally:
             view.stop()
     finally:
         store.close()
 
 
-async def _serve(ctx: ChildContext, broker: Broker) -> None:
+async def _serve(ctx: ChildContext, view: MetadataView) -> None:
     config = ctx.config
+    zmq_context = zmq.asyncio.Context()
+    coordinator = AsyncRpcClient(zmq_context, endpoints.address(ctx.runtime_dir, "coordinator"))
+    broker = Broker(config, view, APIS, CoordinatorClient(coordinator, view))
     connections: dict[Connection, asyncio.Task[None]] = {}
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -69,7 +73,6 @@ async def _serve(ctx: ChildContext, broker: Broker) -> None:
             f"cannot listen on {config.broker_host}:{config.broker_port} "
             f"(KAFSCALE_BROKER_PORT): {exc.strerror or exc}"
         ) from None
-    zmq_context = zmq.asyncio.Context()
     control = AsyncRpcServer(zmq_context, ctx.address())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -89,6 +92,7 @@ async def _serve(ctx: ChildContext, broker: Broker) -> None:
                 log.warning("connections still busy at shutdown", extra={"count": len(busy)})
         pings.cancel()
         control.close()
+        coordinator.close()
         zmq_context.term()
 
 

@@ -60,7 +60,49 @@ class ErrorReply(Message, frozen=True):
     message: str
 
 
-AnyMessage = Ready | BootFailed | Ping | Pong | ErrorReply
+# -- topics (frontend -> coordinator) --------------------------------------------------------
+
+
+class TopicSpec(msgspec.Struct, frozen=True):
+    name: str
+    partitions: int  # -1: the broker default (KAFSCALE_AUTO_CREATE_PARTITIONS)
+    replication_factor: int = -1
+    configs: dict[str, str | None] = msgspec.field(default_factory=dict)
+
+
+class TopicResult(msgspec.Struct, frozen=True):
+    """The outcome for one topic; ``error_code`` is a Kafka error code (0 = created/deleted)."""
+
+    name: str | None
+    error_code: int
+    error_message: str | None = None
+    topic_id: str | None = None
+    partitions: int = -1
+    replication_factor: int = -1
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class CreateTopics(Message, frozen=True):
+    topics: list[TopicSpec]
+    validate_only: bool = False
+
+
+class DeleteTopics(Message, frozen=True):
+    names: list[str] = msgspec.field(default_factory=list)
+    topic_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class TopicResults(Message, frozen=True):
+    """Reply to CreateTopics/DeleteTopics; ``revision`` is the metadata revision that holds the
+    changes, so the asker can wait for its view to reach it before answering a client."""
+
+    results: list[TopicResult]
+    revision: int
+
+
+AnyMessage = (
+    Ready | BootFailed | Ping | Pong | ErrorReply | CreateTopics | DeleteTopics | TopicResults
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

@@ -7,6 +7,8 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
     /kafscale/{ns}/cluster_id            the cluster id, created once (put-if-absent)
     /kafscale/{ns}/brokers/{node_id}     BrokerRecord, attached to the broker's lease
     /kafscale/{ns}/topics/{name}         TopicRecord
+    /kafscale/{ns}/deleting/{name}       TopicRecord of a deleted topic whose objects are being
+                                         removed; the name cannot be re-created until it is gone
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class TopicRecord(msgspec.Struct, frozen=True):
     name: str
     topic_id: str  # UUID, canonical text form
     partitions: int
-    configs: dict[str, str] = msgspec.field(default_factory=dict)
+    configs: dict[str, str] = msgspec.field(default_factory=dict)  # explicitly set ones
+    replication_factor: int = 1  # as asked; durability comes from S3, not replicas
 
 
 class Keys:
@@ -39,12 +42,16 @@ class Keys:
         self.cluster_id = self.root + "cluster_id"
         self.brokers = self.root + "brokers/"
         self.topics = self.root + "topics/"
+        self.deleting = self.root + "deleting/"
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
 
     def topic(self, name: str) -> str:
         return self.topics + name
+
+    def deleting_topic(self, name: str) -> str:
+        return self.deleting + name
 
 
 def new_cluster_id() -> str:

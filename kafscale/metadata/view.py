@@ -41,6 +41,7 @@ class MetadataView:
         self._store = store
         self._keys = Keys(namespace)
         self._lock = threading.Lock()  # serialises watch callbacks; readers never take it
+        self._advanced = threading.Condition(self._lock)
         self.snapshot = Snapshot()
         self._listeners: list[Callable[[Snapshot], None]] = []
         self._watch: Watch | None = None
@@ -54,6 +55,7 @@ class MetadataView:
             snapshot = self._apply(snapshot, EventType.PUT, kv.key, kv.value, kv.mod_revision)
         with self._lock:
             self.snapshot = snapshot
+            self._advanced.notify_all()
         self._watch = self._store.watch_prefix(
             self._keys.root, self._on_event, start_revision=revision, on_error=self._on_watch_error
         )
@@ -76,6 +78,11 @@ class MetadataView:
                 self._stopped.wait(delay)
                 delay = min(delay * 2, 5.0)
 
+    def wait_for_revision(self, revision: int, timeout: float) -> bool:
+        """Block until the view includes ``revision`` (a write we asked for); False on timeout."""
+        with self._advanced:
+            return self._advanced.wait_for(lambda: self.snapshot.revision >= revision, timeout)
+
     def on_change(self, listener: Callable[[Snapshot], None]) -> None:
         """Call ``listener`` (on the watch thread) with every new snapshot."""
         self._listeners.append(listener)
@@ -94,6 +101,7 @@ class MetadataView:
                 self.snapshot, event.type, event.key, event.value, event.mod_revision
             )
             snapshot = self.snapshot
+            self._advanced.notify_all()
         for listener in self._listeners:
             listener(snapshot)
 

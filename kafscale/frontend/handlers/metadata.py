@@ -2,8 +2,11 @@
 
 Answered from the watched metadata view, never from etcd directly. Topic selection follows Kafka:
 in v0 an empty list means all topics; from v1 a null list means all and an empty list none; from
-v10 a topic may be named by id alone. Every partition is led by this broker (one broker owns all
-partitions until scale-out arrives), with leader epoch 0 and itself as the only replica.
+v10 a topic may be named by id alone. Unknown topics named in the request are created first when
+auto-creation is on (``KAFSCALE_AUTO_CREATE_TOPICS`` and, from v4, the request's flag), with
+``KAFSCALE_AUTO_CREATE_PARTITIONS`` partitions, and answered as existing topics. Every partition
+is led by this broker (one broker owns all partitions until scale-out arrives), with leader epoch 0
+and itself as the only replica.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import uuid
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
+from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
@@ -27,10 +31,23 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     schema = response_schema(API_KEY, ctx.version)
     assert schema is not None
     snapshot = ctx.broker.view.snapshot
-    topics = [
-        _topic(ctx, schema, record, name, topic_id)
-        for name, topic_id, record in _selected(ctx.version, request, snapshot.topics)
-    ]
+    selected = _selected(ctx.version, request, snapshot.topics)
+    errors: dict[str, TopicResult] = {}
+    missing = [name for name, _, record in selected if record is None and name is not None]
+    if missing and _may_auto_create(ctx, request):
+        results = await ctx.broker.coordinator.create_topics(
+            [TopicSpec(name=name, partitions=-1) for name in missing]
+        )
+        errors = {r.name: r for r in results if r.name and r.error_code not in _CREATED}
+        snapshot = ctx.broker.view.snapshot
+        selected = _selected(ctx.version, request, snapshot.topics)
+    topics = []
+    for name, topic_id, record in selected:
+        failed = errors.get(name) if name is not None and record is None else None
+        if name is not None and failed is not None:
+            topics.append(_topic_error(schema, name, ErrorCode(failed.error_code)))
+        else:
+            topics.append(_topic(ctx, schema, record, name, topic_id))
     return build(
         schema,
         throttle_time=datetime.timedelta(0),
@@ -38,6 +55,26 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         cluster_id=snapshot.cluster_id,
         controller_id=ctx.broker.node_id,
         topics=tuple(topics),
+    )
+
+
+# Created now, or by someone else between our look and the coordinator's write.
+_CREATED = (int(ErrorCode.none), int(ErrorCode.topic_already_exists))
+
+
+def _may_auto_create(ctx: RequestContext, request: Any) -> bool:
+    """Kafka's rule: the broker allows it and, from v4, so does the request."""
+    allowed = ctx.version < 4 or bool(request.allow_auto_topic_creation)
+    return allowed and ctx.broker.config.auto_create_topics
+
+
+def _topic_error(schema: type[Any], name: str, error: ErrorCode) -> Any:
+    return build(
+        nested(schema, "MetadataResponseTopic"),
+        error_code=error,
+        name=name,
+        topic_id=NO_UUID,
+        partitions=(),
     )
 
 

@@ -1,9 +1,12 @@
 """The frontend's request processing, end to end from request bytes to response bytes."""
 
 import asyncio
+import dataclasses
+import datetime
 import io
 import struct
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +15,11 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
 from kafscale import config as configuration
+from kafscale.coordinator import topics
 from kafscale.frontend import requests
 from kafscale.frontend.context import Broker
 from kafscale.frontend.dispatch import APIS
+from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol import codec
@@ -29,6 +34,36 @@ class StaticView:
     snapshot: Snapshot
 
 
+class FakeCoordinator:
+    """The coordinator's decisions (kafscale.coordinator.topics) applied to a StaticView."""
+
+    def __init__(self, view: StaticView, default_partitions: int = 1) -> None:
+        self.view = view
+        self.default_partitions = default_partitions
+        self.created: list[str] = []
+
+    async def create_topics(
+        self, specs: Sequence[TopicSpec], validate_only: bool = False
+    ) -> list[TopicResult]:
+        outcomes = topics.check_creations(
+            specs, self.view.snapshot.topics, [], self.default_partitions
+        )
+        for outcome in outcomes:
+            if outcome.record is not None and not validate_only:
+                self.view.snapshot.topics[outcome.record.name] = outcome.record
+                self.created.append(outcome.record.name)
+        return [outcome.result for outcome in outcomes]
+
+    async def delete_topics(
+        self, names: Sequence[str], topic_ids: Sequence[str]
+    ) -> list[TopicResult]:
+        outcomes = topics.check_deletions(names, topic_ids, self.view.snapshot.topics)
+        for _, record in outcomes:
+            if record is not None:
+                del self.view.snapshot.topics[record.name]
+        return [result for result, _ in outcomes]
+
+
 def make_broker(**env: str) -> Broker:
     config = configuration.load({"KAFSCALE_BROKER_ID": "3", "KAFSCALE_BROKER_PORT": "19092", **env})
     snapshot = Snapshot(
@@ -40,7 +75,8 @@ def make_broker(**env: str) -> Broker:
         },
         topics={"orders": TopicRecord(name="orders", topic_id=str(ORDERS_ID), partitions=3)},
     )
-    return Broker(config, StaticView(snapshot), APIS)
+    view = StaticView(snapshot)
+    return Broker(config, view, APIS, FakeCoordinator(view))
 
 
 def process(broker: Broker, frame: bytes) -> bytes | None:
@@ -77,7 +113,7 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
     advertised = {
         int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys
     }
-    assert advertised == {18: (0, 4), 3: (0, 12)}
+    assert advertised == {18: (0, 4), 3: (0, 12), 19: (2, 7), 20: (1, 6)}
 
 
 def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
@@ -88,7 +124,7 @@ def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
     correlation_id, response = decode_response(response_frame, 18, 0)
     assert correlation_id == 77
     assert response.error_code == ErrorCode.unsupported_version
-    assert {int(k.api_key) for k in response.api_keys} == {3, 18}
+    assert {int(k.api_key) for k in response.api_keys} == {3, 18, 19, 20}
 
 
 def test_api_versions_with_invalid_software_name_is_invalid_request() -> None:
@@ -150,7 +186,8 @@ def test_metadata_v1_empty_list_means_no_topics() -> None:
 
 @pytest.mark.parametrize("version", [0, 4, 9, 12])
 def test_metadata_unknown_topic(version: int) -> None:
-    frame = process(make_broker(), request_frame(metadata(version, ["orders", "nope"])))
+    broker = make_broker(KAFSCALE_AUTO_CREATE_TOPICS="false")
+    frame = process(broker, request_frame(metadata(version, ["orders", "nope"])))
     assert frame is not None
     _, response = decode_response(frame, 3, version)
     errors = {t.name: t.error_code for t in response.topics}
@@ -223,3 +260,147 @@ def test_correlation_id_and_header_versions_follow_the_request() -> None:
     buffer = io.BytesIO(frame)
     buffer.seek(8)
     assert buffer.read(1) == b"\x00"  # empty tagged fields of response header v1
+
+
+def metadata_asking_creation(version: int, names: list[str], allow: bool) -> Any:
+    request = metadata(version, list(names))
+    if version >= 4:
+        request = dataclasses.replace(request, allow_auto_topic_creation=allow)
+    return request
+
+
+@pytest.mark.parametrize("version", [0, 3, 4, 12])
+def test_metadata_auto_creates_unknown_topics(version: int) -> None:
+    broker = make_broker(KAFSCALE_AUTO_CREATE_PARTITIONS="3")
+    broker.coordinator.default_partitions = 3  # type: ignore[attr-defined]
+    frame = process(
+        broker, request_frame(metadata_asking_creation(version, ["fresh", "bad name"], allow=True))
+    )
+    assert frame is not None
+    _, response = decode_response(frame, 3, version)
+    by_name = {t.name: t for t in response.topics}
+    assert by_name["fresh"].error_code == ErrorCode.none
+    assert len(by_name["fresh"].partitions) == 3
+    assert by_name["bad name"].error_code == ErrorCode.invalid_topic_exception
+
+
+def test_metadata_v4_request_can_refuse_auto_creation() -> None:
+    broker = make_broker()
+    frame = process(broker, request_frame(metadata_asking_creation(4, ["fresh"], allow=False)))
+    assert frame is not None
+    [topic] = decode_response(frame, 3, 4)[1].topics
+    assert topic.error_code == ErrorCode.unknown_topic_or_partition
+    assert broker.coordinator.created == []  # type: ignore[attr-defined]
+
+
+def create_topics_request(
+    version: int, *specs: tuple[str, int, int, dict[str, str]], validate_only: bool = False
+) -> Any:
+    schema = load_request_schema(19, version)
+    topic_class = codec.nested(schema, "CreatableTopic")
+    config_class = codec.nested(schema, "CreatableTopicConfig")
+    entries = tuple(
+        codec.build(
+            topic_class,
+            name=name,
+            num_partitions=partitions,
+            replication_factor=replication,
+            assignments=(),
+            configs=tuple(codec.build(config_class, name=k, value=v) for k, v in configs.items()),
+        )
+        for name, partitions, replication, configs in specs
+    )
+    return codec.build(
+        schema, topics=entries, timeout=datetime.timedelta(seconds=30), validate_only=validate_only
+    )
+
+
+@pytest.mark.parametrize("version", range(2, 8))
+def test_create_topics(version: int) -> None:
+    broker = make_broker()
+    request = create_topics_request(
+        version,
+        ("events", 4, 1, {"max.message.bytes": "2048"}),
+        ("orders", 1, 1, {}),
+        ("bad/name", 1, 1, {}),
+        ("zero", 0, 1, {}),
+        ("conf", 1, 1, {"cleanup.policy": "compact"}),
+        ("nonsense", 1, 1, {"no.such.config": "1"}),
+        ("rf0", 1, 0, {}),
+    )
+    frame = process(broker, request_frame(request))
+    assert frame is not None
+    _, response = decode_response(frame, 19, version)
+    errors = {t.name: t.error_code for t in response.topics}
+    assert errors == {
+        "events": ErrorCode.none,
+        "orders": ErrorCode.topic_already_exists,
+        "bad/name": ErrorCode.invalid_topic_exception,
+        "zero": ErrorCode.invalid_partitions,
+        "conf": ErrorCode.invalid_config,
+        "nonsense": ErrorCode.invalid_config,
+        "rf0": ErrorCode.invalid_replication_factor,
+    }
+    events = broker.view.snapshot.topics["events"]
+    assert events.partitions == 4 and events.configs == {"max.message.bytes": "2048"}
+    [created] = [t for t in response.topics if t.name == "events"]
+    if version >= 5:
+        assert created.num_partitions == 4 and created.replication_factor == 1
+        configs = {c.name: (c.value, c.config_source) for c in created.configs}
+        assert configs["max.message.bytes"] == ("2048", 1)
+        assert configs["cleanup.policy"] == ("delete", 5)
+    if version >= 7:
+        assert str(created.topic_id) == events.topic_id
+
+
+def test_create_topics_validate_only_creates_nothing() -> None:
+    broker = make_broker()
+    frame = process(
+        broker, request_frame(create_topics_request(7, ("dry", 2, -1, {}), validate_only=True))
+    )
+    assert frame is not None
+    [topic] = decode_response(frame, 19, 7)[1].topics
+    assert topic.error_code == ErrorCode.none and topic.num_partitions == 2
+    assert "dry" not in broker.view.snapshot.topics
+
+
+def test_create_topics_duplicate_in_one_request_is_invalid() -> None:
+    frame = process(
+        make_broker(),
+        request_frame(create_topics_request(4, ("twice", 1, 1, {}), ("twice", 2, 1, {}))),
+    )
+    assert frame is not None
+    assert [t.error_code for t in decode_response(frame, 19, 4)[1].topics] == [
+        ErrorCode.invalid_request,
+        ErrorCode.invalid_request,
+    ]
+
+
+@pytest.mark.parametrize("version", range(1, 7))
+def test_delete_topics(version: int) -> None:
+    broker = make_broker()
+    schema = load_request_schema(20, version)
+    if version >= 6:
+        state = codec.nested(schema, "DeleteTopicState")
+        request = codec.build(
+            schema,
+            timeout=datetime.timedelta(seconds=5),
+            topics=(
+                codec.build(state, name="orders", topic_id=uuid.UUID(int=0)),
+                codec.build(state, name="ghost", topic_id=uuid.UUID(int=0)),
+                codec.build(state, name=None, topic_id=uuid.UUID(int=7)),
+            ),
+        )
+    else:
+        request = codec.build(
+            schema, timeout=datetime.timedelta(seconds=5), topic_names=("orders", "ghost")
+        )
+    frame = process(broker, request_frame(request))
+    assert frame is not None
+    _, response = decode_response(frame, 20, version)
+    errors = [(r.name, r.error_code) for r in response.responses]
+    expected = [("orders", ErrorCode.none), ("ghost", ErrorCode.unknown_topic_or_partition)]
+    if version >= 6:
+        expected.append((None, ErrorCode.unknown_topic_id))
+    assert errors == expected
+    assert "orders" not in broker.view.snapshot.topics

@@ -11,6 +11,9 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.TimeUnit;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.admin.CreateTopicsResult;
+import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.DescribeClusterResult;
 import org.apache.kafka.clients.admin.ListTopicsOptions;
 import org.apache.kafka.clients.admin.TopicListing;
@@ -73,6 +76,48 @@ final class AdminCommands {
                 topics.add(topic);
             }
             System.out.println(Json.object("topics", topics));
+            closeQuietly(admin);
+        }
+        return 0;
+    }
+
+    /** create-topic --topic NAME [--partitions N] [--replication-factor R] [--topic-config k=v,...] */
+    static int createTopic(Options options) throws Exception {
+        String name = options.get("topic", null);
+        int partitions = Integer.parseInt(options.get("partitions", "1"));
+        short replicationFactor = Short.parseShort(options.get("replication-factor", "1"));
+        Map<String, String> configs = new LinkedHashMap<>();
+        String configText = options.get("topic-config", "");
+        for (String pair : configText.isEmpty() ? new String[0] : configText.split(",")) {
+            String[] kv = pair.split("=", 2);
+            configs.put(kv[0], kv[1]);
+        }
+        NewTopic topic = new NewTopic(name, partitions, replicationFactor).configs(configs);
+        try (Admin admin = Admin.create(options.clientProperties())) {
+            CreateTopicsResult result = admin.createTopics(List.of(topic));
+            await(result.all(), options);
+            Map<String, Object> created = new LinkedHashMap<>();
+            created.put("name", name);
+            created.put("topicId", await(result.topicId(name), options).toString());
+            created.put("partitions", await(result.numPartitions(name), options));
+            created.put("replicationFactor", await(result.replicationFactor(name), options));
+            Map<String, Object> effective = new LinkedHashMap<>();
+            for (ConfigEntry entry : await(result.config(name), options).entries()) {
+                effective.put(entry.name(), entry.value());
+            }
+            created.put("configs", effective);
+            System.out.println(Json.object("created", created));
+            closeQuietly(admin);
+        }
+        return 0;
+    }
+
+    /** delete-topic --topic NAME */
+    static int deleteTopic(Options options) throws Exception {
+        String name = options.get("topic", null);
+        try (Admin admin = Admin.create(options.clientProperties())) {
+            await(admin.deleteTopics(List.of(name)).all(), options);
+            System.out.println(Json.object("deleted", name));
             closeQuietly(admin);
         }
         return 0;

@@ -33,6 +33,8 @@ public final class KafscaleProbe {
         COMMANDS.put("version", AdminCommands::version);
         COMMANDS.put("describe-cluster", AdminCommands::describeCluster);
         COMMANDS.put("list-topics", AdminCommands::listTopics);
+        COMMANDS.put("create-topic", AdminCommands::createTopic);
+        COMMANDS.put("delete-topic", AdminCommands::deleteTopic);
     }
 
     private KafscaleProbe() {}

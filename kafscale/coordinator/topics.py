@@ -1,0 +1,177 @@
+"""Topic creation and deletion: validation as Kafka does it, then compare-and-set writes.
+
+``check_creations``/``check_deletions`` are pure: given the request and the current records they
+decide each topic's outcome (a Kafka error, or the record to write). The coordinator then writes
+each accepted topic with a transaction that only succeeds if the key is still absent (or still at
+the revision that was read), so two creators of one name cannot both win.
+
+Deleting a topic moves its record to ``deleting/{name}`` in one transaction, removes the topic's
+objects, then drops the marker. While the marker exists the name cannot be created again, so a
+re-created topic can never see an old segment (segment keys restart at offset 0).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kafscale.ipc.messages import TopicResult, TopicSpec
+from kafscale.metadata import topic_configs
+from kafscale.metadata.records import TopicRecord
+from kafscale.protocol.errors import ErrorCode
+
+MAX_NAME_LENGTH = 249  # Kafka's Topic.MAX_NAME_LENGTH
+_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+MAX_PARTITIONS = 100_000
+
+
+def name_error(name: str) -> str | None:
+    """Why ``name`` is not a legal topic name (Kafka's Topic.validate), or None."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name cannot be {name!r}"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"topic name is longer than {MAX_NAME_LENGTH} characters"
+    if not _LEGAL_NAME.fullmatch(name):
+        return f"topic name {name!r} may only contain ASCII alphanumerics, '.', '_' and '-'"
+    return None
+
+
+@dataclass(frozen=True)
+class Creation:
+    """An accepted topic to write, or an error for it."""
+
+    result: TopicResult
+    record: TopicRecord | None = None
+
+
+def _error(name: str | None, code: ErrorCode, message: str) -> Creation:
+    return Creation(TopicResult(name=name, error_code=int(code), error_message=message))
+
+
+def check_creations(
+    specs: Sequence[TopicSpec],
+    existing: Mapping[str, TopicRecord],
+    deleting: Iterable[str],
+    default_partitions: int,
+) -> list[Creation]:
+    counts = Counter(spec.name for spec in specs)
+    being_deleted = set(deleting)
+    outcomes = []
+    for spec in specs:
+        if counts[spec.name] > 1:
+            outcomes.append(
+                _error(
+                    spec.name,
+                    ErrorCode.invalid_request,
+                    f"topic {spec.name} appears more than once in the request",
+                )
+            )
+        else:
+            outcomes.append(_check_one(spec, existing, being_deleted, default_partitions))
+    return outcomes
+
+
+def _check_one(
+    spec: TopicSpec,
+    existing: Mapping[str, TopicRecord],
+    deleting: set[str],
+    default_partitions: int,
+) -> Creation:
+    if (problem := name_error(spec.name)) is not None:
+        return _error(spec.name, ErrorCode.invalid_topic_exception, problem)
+    if spec.name in existing:
+        return _error(
+            spec.name, ErrorCode.topic_already_exists, f"topic {spec.name} already exists"
+        )
+    if spec.name in deleting:
+        return _error(
+            spec.name,
+            ErrorCode.topic_already_exists,
+            f"topic {spec.name} is marked for deletion; retry shortly",
+        )
+    partitions = default_partitions if spec.partitions == -1 else spec.partitions
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        return _error(
+            spec.name,
+            ErrorCode.invalid_partitions,
+            f"number of partitions must be between 1 and {MAX_PARTITIONS}, got {spec.partitions}",
+        )
+    if spec.replication_factor == 0 or spec.replication_factor < -1:
+        return _error(
+            spec.name,
+            ErrorCode.invalid_replication_factor,
+            f"replication factor must be positive, got {spec.replication_factor}",
+        )
+    try:
+        configs = topic_configs.validate(spec.configs)
+    except topic_configs.InvalidTopicConfig as exc:
+        return _error(spec.name, ErrorCode.invalid_config, str(exc))
+    replication_factor = 1 if spec.replication_factor == -1 else spec.replication_factor
+    record = TopicRecord(
+        name=spec.name,
+        topic_id=str(uuid.uuid4()),
+        partitions=partitions,
+        configs=configs,
+        replication_factor=replication_factor,
+    )
+    return Creation(created(record), record)
+
+
+def created(record: TopicRecord) -> TopicResult:
+    return TopicResult(
+        name=record.name,
+        error_code=0,
+        topic_id=record.topic_id,
+        partitions=record.partitions,
+        replication_factor=record.replication_factor,
+        configs=topic_configs.effective(record.configs),
+    )
+
+
+def check_deletions(
+    names: Sequence[str], topic_ids: Sequence[str], existing: Mapping[str, TopicRecord]
+) -> list[tuple[TopicResult, TopicRecord | None]]:
+    """Each named topic's record to delete, or its error (unknown name or id)."""
+    by_id = {record.topic_id: record for record in existing.values()}
+    outcomes: list[tuple[TopicResult, TopicRecord | None]] = []
+    for name in names:
+        record = existing.get(name)
+        if record is None:
+            outcomes.append(
+                (
+                    TopicResult(
+                        name=name,
+                        error_code=int(ErrorCode.unknown_topic_or_partition),
+                        error_message=f"unknown topic {name}",
+                    ),
+                    None,
+                )
+            )
+        else:
+            outcomes.append(
+                (TopicResult(name=name, error_code=0, topic_id=record.topic_id), record)
+            )
+    for topic_id in topic_ids:
+        record = by_id.get(topic_id)
+        if record is None:
+            outcomes.append(
+                (
+                    TopicResult(
+                        name=None,
+                        error_code=int(ErrorCode.unknown_topic_id),
+                        error_message=f"unknown topic id {topic_id}",
+                        topic_id=topic_id,
+                    ),
+                    None,
+                )
+            )
+        else:
+            outcomes.append(
+                (TopicResult(name=record.name, error_code=0, topic_id=topic_id), record)
+            )
+    return outcomes

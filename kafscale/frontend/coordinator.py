@@ -1,0 +1,68 @@
+"""The frontend's side of topic administration: ask the coordinator, then wait for the view.
+
+Only the coordinator writes metadata. After it answers, the frontend waits until its own watched
+view holds the coordinator's writes, so a client that creates a topic and then asks for metadata
+sees the topic. A coordinator that cannot be reached (restarting) yields a retriable error for
+each topic instead of a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicResult, TopicResults, TopicSpec
+from kafscale.ipc.rpc import AsyncRpcClient, RpcError
+from kafscale.metadata.view import MetadataView
+from kafscale.protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_SECONDS = 30.0
+
+
+class CoordinatorClient:
+    def __init__(self, rpc: AsyncRpcClient, view: MetadataView) -> None:
+        self.rpc = rpc
+        self.view = view
+
+    async def create_topics(
+        self, specs: Sequence[TopicSpec], validate_only: bool = False
+    ) -> list[TopicResult]:
+        request = CreateTopics(topics=list(specs), validate_only=validate_only)
+        names: list[str | None] = [spec.name for spec in specs]
+        return await self._call(request, names)
+
+    async def delete_topics(
+        self, names: Sequence[str], topic_ids: Sequence[str]
+    ) -> list[TopicResult]:
+        request = DeleteTopics(names=list(names), topic_ids=list(topic_ids))
+        return await self._call(request, [*names, *(None for _ in topic_ids)])
+
+    async def _call(
+        self, request: CreateTopics | DeleteTopics, names: list[str | None]
+    ) -> list[TopicResult]:
+        try:
+            reply = await self.rpc.call(request, timeout=TIMEOUT_SECONDS)
+        except RpcError as exc:
+            log.warning("coordinator unavailable", extra={"error": str(exc)})
+            return [
+                TopicResult(
+                    name=name,
+                    error_code=int(ErrorCode.request_timed_out),
+                    error_message=f"the coordinator is unavailable: {exc}",
+                )
+                for name in names
+            ]
+        if not isinstance(reply.message, TopicResults):
+            raise RpcError(f"unexpected reply from the coordinator: {reply.message!r}")
+        if reply.message.revision:
+            caught_up = await asyncio.to_thread(
+                self.view.wait_for_revision, reply.message.revision, TIMEOUT_SECONDS
+            )
+            if not caught_up:
+                log.warning(
+                    "metadata view lags the coordinator", extra={"revision": reply.message.revision}
+                )
+        return reply.message.results

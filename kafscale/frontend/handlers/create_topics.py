@@ -1,0 +1,97 @@
+"""CreateTopics (key 19), v2-v7: partitions, configs, validate-only; topic ids from v7.
+
+The coordinator validates and writes (``kafscale.coordinator.topics``); this module translates.
+Replica assignments are accepted (one broker leads everything, durability comes from S3) but, as
+in Kafka, they exclude an explicit partition count or replication factor. From v5 the response
+describes the created topic: partitions, replication factor and every config with its source.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+from kafscale.frontend.context import RequestContext
+from kafscale.ipc.messages import TopicResult, TopicSpec
+from kafscale.protocol.codec import build, nested, response_schema
+from kafscale.protocol.errors import ErrorCode
+
+API_KEY = 19
+MIN_VERSION, MAX_VERSION = 2, 7
+
+CONFIG_SOURCE_TOPIC = 1  # DescribeConfigs' TOPIC_CONFIG
+CONFIG_SOURCE_DEFAULT = 5  # DEFAULT_CONFIG
+
+
+async def handle(ctx: RequestContext, request: Any) -> Any:
+    schema = response_schema(API_KEY, ctx.version)
+    assert schema is not None
+    specs: list[TopicSpec] = []
+    refused: dict[int, TopicResult] = {}
+    for index, topic in enumerate(request.topics):
+        spec, problem = _spec(topic)
+        if problem is not None:
+            refused[index] = problem
+        else:
+            specs.append(spec)
+    answers = iter(await ctx.broker.coordinator.create_topics(specs, request.validate_only))
+    results = [refused.get(index) or next(answers) for index in range(len(request.topics))]
+    explicit = {topic.name: {c.name for c in topic.configs} for topic in request.topics}
+    topics = tuple(_result(schema, r, explicit.get(r.name or "", set())) for r in results)
+    return build(schema, throttle_time=datetime.timedelta(0), topics=topics)
+
+
+def _spec(topic: Any) -> tuple[TopicSpec, TopicResult | None]:
+    configs = {config.name: config.value for config in topic.configs}
+    partitions, replication_factor = int(topic.num_partitions), int(topic.replication_factor)
+    if topic.assignments:
+        if partitions != -1 or replication_factor != -1:
+            message = "replica assignments exclude numPartitions and replicationFactor"
+            error = TopicResult(
+                name=topic.name, error_code=int(ErrorCode.invalid_request), error_message=message
+            )
+            return TopicSpec(name=topic.name, partitions=0), error
+        partitions = len(topic.assignments)
+        replication_factor = max(len(a.broker_ids) for a in topic.assignments) or -1
+    spec = TopicSpec(
+        name=topic.name,
+        partitions=partitions,
+        replication_factor=replication_factor,
+        configs=configs,
+    )
+    return spec, None
+
+
+def _describes_configs(schema: type[Any]) -> bool:
+    """Whether this response version describes configs (v5+)."""
+    return schema.__version__ >= 5
+
+
+def _result(schema: type[Any], result: TopicResult, explicit: set[str]) -> Any:
+    ok = result.error_code == 0
+    configs = None
+    if ok and _describes_configs(schema):
+        config_class = nested(schema, "CreatableTopicConfigs")
+        configs = tuple(
+            build(
+                config_class,
+                name=name,
+                value=value,
+                read_only=False,
+                is_sensitive=False,
+                config_source=CONFIG_SOURCE_TOPIC if name in explicit else CONFIG_SOURCE_DEFAULT,
+            )
+            for name, value in sorted(result.configs.items())
+        )
+    return build(
+        nested(schema, "CreatableTopicResult"),
+        name=result.name or "",
+        topic_id=uuid.UUID(result.topic_id) if ok and result.topic_id else uuid.UUID(int=0),
+        error_code=ErrorCode(result.error_code),
+        error_message=result.error_message,
+        topic_config_error_code=0,
+        num_partitions=result.partitions if ok else -1,
+        replication_factor=result.replication_factor if ok else -1,
+        configs=configs,
+    )

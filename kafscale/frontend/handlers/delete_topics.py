@@ -1,0 +1,43 @@
+"""DeleteTopics (key 20), v1-v6: by name, and from v6 by topic id.
+
+The coordinator deletes the topic's record and then its objects before answering, so a topic
+re-created with the same name starts empty (see ``kafscale.coordinator.topics``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+from kafscale.frontend.context import RequestContext
+from kafscale.protocol.codec import build, nested, response_schema
+from kafscale.protocol.errors import ErrorCode
+
+API_KEY = 20
+MIN_VERSION, MAX_VERSION = 1, 6
+
+NO_UUID = uuid.UUID(int=0)
+
+
+async def handle(ctx: RequestContext, request: Any) -> Any:
+    schema = response_schema(API_KEY, ctx.version)
+    assert schema is not None
+    if ctx.version >= 6:
+        names = [t.name for t in request.topics if t.name is not None]
+        ids = [str(t.topic_id) for t in request.topics if t.name is None]
+    else:
+        names, ids = list(request.topic_names), []
+    results = await ctx.broker.coordinator.delete_topics(names, ids)
+    result_class = nested(schema, "DeletableTopicResult")
+    responses = tuple(
+        build(
+            result_class,
+            name=r.name,
+            topic_id=uuid.UUID(r.topic_id) if r.topic_id else NO_UUID,
+            error_code=ErrorCode(r.error_code),
+            error_message=r.error_message,
+        )
+        for r in results
+    )
+    return build(schema, throttle_time=datetime.timedelta(0), responses=responses)
