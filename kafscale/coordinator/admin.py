@@ -109,6 +109,12 @@ class TopicAdmin:
                     extra={"topic": record.name, "error": str(exc)},
                 )
                 continue
+            for prefix in (
+                self.keys.topic_partitions(record.name),
+                self.keys.topic_segments(record.name),
+            ):
+                for state in self.store.get_prefix(prefix):
+                    self.store.delete(state.key)
             self.store.transaction(
                 [Compare(kv.key, mod_revision=kv.mod_revision)], [Delete(kv.key)]
             )

@@ -18,6 +18,7 @@ from kafscale.storage import open_object_store
 from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
+from .partitions import PartitionCommitter
 from .registry import BrokerRegistration, ensure_cluster_id
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ def run(ctx: ChildContext) -> None:
         store.check()
         admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
         admin.resume_deletions()
+        committer = PartitionCommitter(store, config.s3_namespace)
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
         broker = BrokerRecord(
@@ -49,6 +51,7 @@ def run(ctx: ChildContext) -> None:
                     messages.Ping: lambda _: ctx.pong(),
                     messages.CreateTopics: admin.handle_create,
                     messages.DeleteTopics: admin.handle_delete,
+                    messages.CommitSegment: committer.handle,
                 },
                 on_idle=registration.keep_alive,
             )

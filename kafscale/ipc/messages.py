@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import msgspec
 
+from kafscale.metadata.records import SegmentRecord
+
 
 class Message(msgspec.Struct, tag=True, frozen=True):
     """Base of all IPC messages; the class name is the tag on the wire."""
@@ -100,8 +102,41 @@ class TopicResults(Message, frozen=True):
     revision: int
 
 
+# -- segments (flusher or shard -> coordinator) -----------------------------------------------
+
+
+class CommitSegment(Message, frozen=True):
+    """Make a segment uploaded to the object store part of the partition's committed log: the
+    high watermark moves to ``segment.last_offset + 1`` if it is still ``segment.base_offset``
+    and the topic is still the one with ``topic_id``."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    segment: SegmentRecord
+    producers: dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]
+
+
+class SegmentCommitted(Message, frozen=True):
+    """``committed`` false means nothing changed; ``high_watermark`` is the partition's
+    committed high watermark after the call, ``error`` says why it was refused."""
+
+    committed: bool
+    high_watermark: int
+    error: str | None = None
+
+
 AnyMessage = (
-    Ready | BootFailed | Ping | Pong | ErrorReply | CreateTopics | DeleteTopics | TopicResults
+    Ready
+    | BootFailed
+    | Ping
+    | Pong
+    | ErrorReply
+    | CreateTopics
+    | DeleteTopics
+    | TopicResults
+    | CommitSegment
+    | SegmentCommitted
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -9,6 +9,8 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
     /kafscale/{ns}/topics/{name}         TopicRecord
     /kafscale/{ns}/deleting/{name}       TopicRecord of a deleted topic whose objects are being
                                          removed; the name cannot be re-created until it is gone
+    /kafscale/{ns}/partitions/{topic}/{p}            PartitionRecord: the committed log state
+    /kafscale/{ns}/segments/{topic}/{p}/{base:020d}  SegmentRecord, one per committed segment
 """
 
 from __future__ import annotations
@@ -34,6 +36,29 @@ class TopicRecord(msgspec.Struct, frozen=True):
     replication_factor: int = 1  # as asked; durability comes from S3, not replicas
 
 
+class PartitionRecord(msgspec.Struct, frozen=True):
+    """A partition's committed state. ``high_watermark`` is the offset after the last committed
+    record: everything below it is in S3 and listed under ``segments/``. ``producers`` is the
+    idempotence state as of the high watermark (``ProducerStates.snapshot``)."""
+
+    topic_id: str
+    high_watermark: int = 0
+    log_start_offset: int = 0
+    producers: dict[int, tuple[int, int, list[tuple[int, int, int, int]]]] = msgspec.field(
+        default_factory=dict
+    )
+
+
+class SegmentRecord(msgspec.Struct, frozen=True):
+    base_offset: int
+    last_offset: int
+    size: int  # bytes of the .kfs object
+    index_size: int
+    records: int
+    max_timestamp: int
+    created_ms: int
+
+
 class Keys:
     """Key names of one cluster namespace."""
 
@@ -53,6 +78,22 @@ class Keys:
     def deleting_topic(self, name: str) -> str:
         return self.deleting + name
 
+    def partition(self, topic: str, partition: int) -> str:
+        return f"{self.root}partitions/{topic}/{partition}"
+
+    def segments(self, topic: str, partition: int) -> str:
+        """The prefix of a partition's segment records (or of all a topic's, without the /p)."""
+        return f"{self.root}segments/{topic}/{partition}/"
+
+    def segment(self, topic: str, partition: int, base_offset: int) -> str:
+        return f"{self.segments(topic, partition)}{base_offset:020d}"
+
+    def topic_partitions(self, topic: str) -> str:
+        return f"{self.root}partitions/{topic}/"
+
+    def topic_segments(self, topic: str) -> str:
+        return f"{self.root}segments/{topic}/"
+
 
 def new_cluster_id() -> str:
     """A Kafka-style cluster id: a random UUID as 22 characters of unpadded URL-safe base64."""
@@ -68,3 +109,11 @@ def decode_broker(data: bytes) -> BrokerRecord:
 
 def decode_topic(data: bytes) -> TopicRecord:
     return msgspec.json.decode(data, type=TopicRecord)
+
+
+def decode_partition(data: bytes) -> PartitionRecord:
+    return msgspec.json.decode(data, type=PartitionRecord)
+
+
+def decode_segment(data: bytes) -> SegmentRecord:
+    return msgspec.json.decode(data, type=SegmentRecord)

@@ -65,7 +65,7 @@ def _spec(topic: Any) -> tuple[TopicSpec, TopicResult | None]:
 
 def _describes_configs(schema: type[Any]) -> bool:
     """Whether this response version describes configs (v5+)."""
-    return schema.__version__ >= 5
+    return bool(schema.__version__ >= 5)
 
 
 def _result(schema: type[Any], result: TopicResult, explicit: set[str]) -> Any:
