@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafscale.config import Config
+from kafscale.ipc import messages
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol.codec import RequestHeader
@@ -44,6 +45,20 @@ class Coordinator(Protocol):
     ) -> list[TopicResult]: ...
 
 
+class Shards(Protocol):
+    """The write path to the shard processes (``kafscale.frontend.shards``)."""
+
+    def owner(self, topic_id: str, partition: int) -> int: ...
+
+    async def append(
+        self,
+        shard: int,
+        request: messages.Append,
+        records: Sequence[bytes | memoryview],
+        timeout: float,
+    ) -> messages.Appended: ...
+
+
 class View(Protocol):
     """The metadata a handler reads: ``kafscale.metadata.view.MetadataView`` in the broker."""
 
@@ -57,6 +72,7 @@ class Broker:
     view: View
     apis: dict[int, Api]
     coordinator: Coordinator
+    shards: Shards
 
     @property
     def node_id(self) -> int:

@@ -7,11 +7,18 @@ Kafka 4's broker (KIP-896 minimums), widened where maintained clients need older
 from __future__ import annotations
 
 from kafscale.frontend.context import Api
-from kafscale.frontend.handlers import api_versions, create_topics, delete_topics, metadata
+from kafscale.frontend.handlers import (
+    api_versions,
+    create_topics,
+    delete_topics,
+    metadata,
+    produce,
+)
 
 APIS: dict[int, Api] = {
     api.key: api
     for api in (
+        Api(produce.API_KEY, "Produce", produce.MIN_VERSION, produce.MAX_VERSION, produce.handle),
         Api(
             metadata.API_KEY,
             "Metadata",

@@ -18,6 +18,7 @@ from kafscale.frontend.connection import Connection
 from kafscale.frontend.context import Broker
 from kafscale.frontend.coordinator import CoordinatorClient
 from kafscale.frontend.dispatch import APIS
+from kafscale.frontend.shards import ShardClients
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import AsyncRpcClient, AsyncRpcServer
 from kafscale.metadata import open_metadata_store
@@ -47,7 +48,8 @@ async def _serve(ctx: ChildContext, view: MetadataView) -> None:
     config = ctx.config
     zmq_context = zmq.asyncio.Context()
     coordinator = AsyncRpcClient(zmq_context, endpoints.address(ctx.runtime_dir, "coordinator"))
-    broker = Broker(config, view, APIS, CoordinatorClient(coordinator, view))
+    shards = ShardClients(zmq_context, ctx.runtime_dir, config.shards)
+    broker = Broker(config, view, APIS, CoordinatorClient(coordinator, view), shards)
     connections: dict[Connection, asyncio.Task[None]] = {}
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -93,6 +95,7 @@ async def _serve(ctx: ChildContext, view: MetadataView) -> None:
         pings.cancel()
         control.close()
         coordinator.close()
+        shards.close()
         zmq_context.term()
 
 

@@ -126,6 +126,70 @@ class SegmentCommitted(Message, frozen=True):
     error: str | None = None
 
 
+# -- produce (frontend -> shard) and flush (shard -> flusher) ----------------------------------
+
+
+class AppendEntry(msgspec.Struct, frozen=True):
+    """One partition's records; the bytes are the bulk frame at the same index."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    max_message_bytes: int
+    log_append_time: bool
+    codec: int  # applied by the flusher to batches that arrive uncompressed (0: none)
+    allow_zstd: bool = True
+
+
+class Append(Message, frozen=True):
+    acks: int
+    timeout_ms: int
+    entries: list[AppendEntry]
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    error_code: int = 0
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    message: str | None = None
+
+
+class Appended(Message, frozen=True):
+    results: list[AppendResult]
+
+
+class FlushSegment(Message, frozen=True):
+    """Build, upload and commit the sealed buffer ``buffer`` (generation ``generation``, bytes
+    ``[0, size)``) holding offsets ``[base_offset, last_offset]`` of a partition."""
+
+    buffer: str
+    generation: int
+    size: int
+    topic: str
+    topic_id: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    records: int
+    max_timestamp: int
+    created_ms: int
+    codec: int
+    producers: dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]
+
+
+class SegmentFlushed(Message, frozen=True):
+    """The outcome of a FlushSegment: ``committed`` with the new ``high_watermark``, or not,
+    with ``error`` (the shard keeps the buffer and tries again)."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    committed: bool
+    high_watermark: int
+    error: str | None = None
+
+
 AnyMessage = (
     Ready
     | BootFailed
@@ -137,6 +201,10 @@ AnyMessage = (
     | TopicResults
     | CommitSegment
     | SegmentCommitted
+    | Append
+    | Appended
+    | FlushSegment
+    | SegmentFlushed
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -1,30 +1,342 @@
 """A shard worker: owns a fixed subset of partitions and their shared-memory append buffers.
 
-Partition assignment, validation and offset assignment arrive with the write path. Today a shard
-boots, removes buffers a previous incarnation of the same shard left in /dev/shm (they are not
-recovered yet: before the write path exists nothing acknowledged can be in them) and answers
-pings.
+The frontend routes each partition to its shard (``kafscale.ipc.routing``). For each Append the
+shard validates the batch (``kafscale.protocol.records``), checks idempotence and assigns offsets
+(``PartitionLog``), and answers: at once for acks=0/1, once the flusher reports the segment
+committed for acks=all. Sealed buffers go to the flusher one partition-flush at a time.
+
+A partition is loaded on first use from its committed state in the metadata store; segments that
+were uploaded but never committed (a crash between upload and commit) are verified and adopted,
+or removed when corrupt or not contiguous. Buffers of a previous incarnation of this shard are
+removed at boot: what was only in them was never acknowledged beyond acks=1.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass, field
 
-from kafscale.ipc import messages
-from kafscale.ipc.rpc import RpcServer, serve_until
-from kafscale.shards.buffer import sweep_shard_segments
+import zmq
+
+from kafscale.ipc import endpoints, messages
+from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcServer
+from kafscale.metadata import open_metadata_store, records
+from kafscale.metadata.records import Keys, PartitionRecord
+from kafscale.metadata.store import MetadataStore
+from kafscale.protocol import records as batches
+from kafscale.protocol.errors import ErrorCode
+from kafscale.shards.buffer import PartitionBuffer, segment_name, sweep_shard_segments
+from kafscale.shards.partition import PartitionLog
+from kafscale.shards.producers import ProducerStates
+from kafscale.shards.recovery import adopt_uncommitted
+from kafscale.storage import open_object_store
+from kafscale.storage.objects import ObjectStore
 from kafscale.supervisor.child import ChildContext
 
 log = logging.getLogger(__name__)
+
+TICK_MS = 20
+FLUSH_RETRY_MS = 500
+ACKS_ALL = -1
+
+
+@dataclass
+class PendingProduce:
+    """An acks=all request waiting for its partitions' commits."""
+
+    incoming: Incoming
+    results: list[messages.AppendResult]
+    waits: dict[int, tuple[PartitionLog, int]]  # result index -> (log, last offset)
+    deadline_ms: int
+
+
+@dataclass
+class FlushState:
+    retry_at_ms: int = 0
+    codec: int = 0
+    in_flight: int = -1  # base offset of the flush in flight
+    failures: int = 0
+    last_error: str | None = field(default=None)
+
+
+class Shard:
+    def __init__(self, ctx: ChildContext, store: MetadataStore, objects: ObjectStore) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.store = store
+        self.objects = objects
+        self.keys = Keys(self.config.s3_namespace)
+        self.server = RpcServer(ctx.zmq_context, ctx.address())
+        self.flusher = ctx.zmq_context.socket(zmq.DEALER)
+        self.flusher.setsockopt(zmq.LINGER, 0)
+        self.flusher.connect(endpoints.address(ctx.runtime_dir, "flusher"))
+        self.coordinator = RpcClient(
+            ctx.zmq_context, endpoints.address(ctx.runtime_dir, "coordinator")
+        )
+        self.partitions: dict[tuple[str, int], PartitionLog] = {}
+        self.flush_state: dict[tuple[str, int], FlushState] = {}
+        self.pending: list[PendingProduce] = []
+        self._slots = 0
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.server.socket, zmq.POLLIN)
+        poller.register(self.flusher, zmq.POLLIN)
+        while not self.ctx.stopping.is_set():
+            events = dict(poller.poll(TICK_MS))
+            if self.server.socket in events:
+                self._drain_requests()
+            if self.flusher in events:
+                self._drain_flush_replies()
+            self._tick(now_ms())
+        self._drain_on_shutdown()
+
+    def _drain_requests(self) -> None:
+        while (incoming := self.server.recv(0)) is not None:
+            message = incoming.message
+            if isinstance(message, messages.Ping):
+                self.server.reply(incoming, self.ctx.pong())
+            elif isinstance(message, messages.Append):
+                self._on_append(incoming, message)
+            else:
+                name = type(message).__name__
+                self.server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
+
+    def _drain_flush_replies(self) -> None:
+        while self.flusher.poll(0, zmq.POLLIN):
+            frames = self.flusher.recv_multipart()
+            if len(frames) >= 2:
+                reply = messages.decode(frames[1])
+                if isinstance(reply, messages.SegmentFlushed):
+                    self._on_flushed(reply)
+
+    def _tick(self, now: int) -> None:
+        for key, partition in self.partitions.items():
+            partition.seal_if_due(now)
+            state = self.flush_state[key]
+            if now >= state.retry_at_ms:
+                self._start_flush(partition, state, now)
+        self._expire_pending(now)
+
+    # -- appends -------------------------------------------------------------------------------
+
+    def _on_append(self, incoming: Incoming, request: messages.Append) -> None:
+        now = now_ms()
+        results: list[messages.AppendResult] = []
+        waits: dict[int, tuple[PartitionLog, int]] = {}
+        for index, entry in enumerate(request.entries):
+            frame = incoming.bulk[index] if index < len(incoming.bulk) else None
+            if frame is None:
+                results.append(_error(ErrorCode.invalid_request, "no records for the partition"))
+                continue
+            partition = self._partition(entry)
+            self.flush_state[(entry.topic, entry.partition)].codec = entry.codec
+            found = batches.split_batches(
+                frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
+            )
+            if isinstance(found, batches.BatchError):
+                log.warning(
+                    "batch refused",
+                    extra={
+                        "topic": entry.topic,
+                        "partition": entry.partition,
+                        "error": found.error_code.name,
+                        "reason": found.message,
+                    },
+                )
+                results.append(_error(found.error_code, found.message))
+                continue
+            [batch] = found
+            outcome = partition.append(batch.data, batch.header, now, entry.log_append_time)
+            if outcome.error != ErrorCode.none:
+                results.append(_error(outcome.error, outcome.message))
+                continue
+            results.append(
+                messages.AppendResult(
+                    base_offset=outcome.base_offset,
+                    log_append_time=outcome.log_append_time,
+                    log_start_offset=0,
+                )
+            )
+            if outcome.last_offset >= partition.high_watermark:
+                waits[index] = (partition, outcome.last_offset)
+        if request.acks == ACKS_ALL and waits:
+            self.pending.append(
+                PendingProduce(incoming, results, waits, now + max(request.timeout_ms, 0))
+            )
+        else:
+            self.server.reply(incoming, messages.Appended(results=results))
+
+    def _partition(self, entry: messages.AppendEntry) -> PartitionLog:
+        key = (entry.topic, entry.partition)
+        partition = self.partitions.get(key)
+        if partition is not None and partition.topic_id == entry.topic_id:
+            return partition
+        if partition is not None:  # the topic was deleted and created again
+            partition.close()
+        partition = self._load(entry)
+        self.partitions[key] = partition
+        self.flush_state[key] = FlushState(codec=entry.codec)
+        return partition
+
+    def _load(self, entry: messages.AppendEntry) -> PartitionLog:
+        kv = self.store.get(self.keys.partition(entry.topic, entry.partition))
+        state = records.decode_partition(kv.value) if kv is not None else None
+        if state is None or state.topic_id != entry.topic_id:
+            state = PartitionRecord(topic_id=entry.topic_id)
+        producers = ProducerStates.restore(state.producers)
+        high_watermark = adopt_uncommitted(
+            self.objects,
+            self.coordinator,
+            self.config.s3_namespace,
+            entry.topic,
+            entry.topic_id,
+            entry.partition,
+            state.high_watermark,
+            producers,
+        )
+        log.info(
+            "partition loaded",
+            extra={
+                "topic": entry.topic,
+                "partition": entry.partition,
+                "high_watermark": high_watermark,
+            },
+        )
+        return PartitionLog(
+            entry.topic,
+            entry.topic_id,
+            entry.partition,
+            high_watermark,
+            producers,
+            self.config.segment_bytes,
+            self.config.flush_interval_ms,
+            self._new_buffer,
+        )
+
+    def _new_buffer(self, capacity: int, base_offset: int) -> PartitionBuffer:
+        self._slots += 1
+        name = segment_name(self.ctx.run_id, self.ctx.index, self._slots)
+        return PartitionBuffer.create(name, capacity, base_offset)
+
+    # -- flushes -------------------------------------------------------------------------------
+
+    def _start_flush(self, partition: PartitionLog, state: FlushState, now: int) -> None:
+        segment = partition.next_flush()
+        if segment is None:
+            return
+        request = messages.FlushSegment(
+            buffer=segment.buffer.name,
+            generation=segment.buffer.generation,
+            size=segment.size,
+            topic=partition.topic,
+            topic_id=partition.topic_id,
+            partition=partition.partition,
+            base_offset=segment.base_offset,
+            last_offset=segment.last_offset,
+            records=segment.records,
+            max_timestamp=segment.max_timestamp,
+            created_ms=segment.sealed_ms,
+            codec=state.codec,
+            producers=segment.producers,
+        )
+        state.in_flight = segment.base_offset
+        self.flusher.send_multipart([REQUEST_ID.pack(0), messages.encode(request)])
+
+    def _on_flushed(self, reply: messages.SegmentFlushed) -> None:
+        key = (reply.topic, reply.partition)
+        partition = self.partitions.get(key)
+        state = self.flush_state.get(key)
+        if partition is None or state is None or state.in_flight != reply.base_offset:
+            return  # a reply for a partition reloaded since
+        state.in_flight = -1
+        if reply.committed:
+            partition.flushed(reply.high_watermark)
+            state.failures, state.last_error = 0, None
+            self._resolve_pending()
+            return
+        partition.flush_failed()
+        state.failures += 1
+        state.retry_at_ms = now_ms() + min(FLUSH_RETRY_MS * state.failures, 5000)
+        if state.last_error != reply.error:
+            log.error(
+                "flush failed; will retry",
+                extra={"topic": reply.topic, "partition": reply.partition, "error": reply.error},
+            )
+        state.last_error = reply.error
+
+    def _resolve_pending(self) -> None:
+        still: list[PendingProduce] = []
+        for pending in self.pending:
+            if all(log.high_watermark > last for log, last in pending.waits.values()):
+                self.server.reply(pending.incoming, messages.Appended(results=pending.results))
+            else:
+                still.append(pending)
+        self.pending = still
+
+    def _expire_pending(self, now: int) -> None:
+        expired = [p for p in self.pending if p.deadline_ms <= now]
+        if not expired:
+            return
+        self.pending = [p for p in self.pending if p.deadline_ms > now]
+        for pending in expired:
+            results = list(pending.results)
+            for index, (partition, last) in pending.waits.items():
+                if partition.high_watermark <= last:
+                    results[index] = _error(
+                        ErrorCode.request_timed_out, "the segment was not committed in time"
+                    )
+            self.server.reply(pending.incoming, messages.Appended(results=results))
+
+    def _drain_on_shutdown(self) -> None:
+        """Seal everything and wait (bounded) for the flusher to commit it."""
+        deadline = time.monotonic() + 25
+        for partition in self.partitions.values():
+            partition.seal(now_ms())
+        while time.monotonic() < deadline and any(p.sealed for p in self.partitions.values()):
+            if self.flusher.poll(TICK_MS, zmq.POLLIN):
+                self._drain_flush_replies()
+            self._tick(now_ms())
+        for partition in self.partitions.values():
+            if partition.sealed:
+                log.error(
+                    "stopping with unflushed data",
+                    extra={
+                        "topic": partition.topic,
+                        "partition": partition.partition,
+                        "bytes": partition.unflushed_bytes,
+                    },
+                )
+            partition.close()
+
+    def close(self) -> None:
+        self.server.close()
+        self.flusher.close(linger=0)
+        self.coordinator.close()
+
+
+def _error(code: ErrorCode, message: str | None) -> messages.AppendResult:
+    return messages.AppendResult(error_code=int(code), message=message)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def run(ctx: ChildContext) -> None:
     stale = sweep_shard_segments(ctx.run_id, ctx.index)
     if stale:
         log.warning("removed buffers of a previous incarnation", extra={"segments": stale})
-    server = RpcServer(ctx.zmq_context, ctx.address())
-    ctx.ready()
+    store = open_metadata_store(ctx.config)
+    objects = open_object_store(ctx.config)
+    shard = Shard(ctx, store, objects)
     try:
-        serve_until(ctx.stopping, server, {messages.Ping: lambda _: ctx.pong()})
+        ctx.ready()
+        shard.run()
     finally:
-        server.close()
+        shard.close()
+        store.close()
+        objects.close()

@@ -19,6 +19,7 @@ from kafscale.coordinator import topics
 from kafscale.frontend import requests
 from kafscale.frontend.context import Broker
 from kafscale.frontend.dispatch import APIS
+from kafscale.ipc import messages
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
 from kafscale.metadata.view import Snapshot
@@ -32,6 +33,16 @@ ORDERS_ID = uuid.uuid4()
 @dataclass
 class StaticView:
     snapshot: Snapshot
+
+
+class NoShards:
+    """Shards are separate processes; request tests here never reach them."""
+
+    def owner(self, topic_id: str, partition: int) -> int:
+        raise AssertionError("no shard expected")
+
+    async def append(self, *args: object, **kwargs: object) -> messages.Appended:
+        raise AssertionError("no shard expected")
 
 
 class FakeCoordinator:
@@ -76,7 +87,7 @@ def make_broker(**env: str) -> Broker:
         topics={"orders": TopicRecord(name="orders", topic_id=str(ORDERS_ID), partitions=3)},
     )
     view = StaticView(snapshot)
-    return Broker(config, view, APIS, FakeCoordinator(view))
+    return Broker(config, view, APIS, FakeCoordinator(view), NoShards())
 
 
 def process(broker: Broker, frame: bytes) -> bytes | None:
@@ -113,7 +124,7 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
     advertised = {
         int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys
     }
-    assert advertised == {18: (0, 4), 3: (0, 12), 19: (2, 7), 20: (1, 6)}
+    assert advertised == {0: (0, 11), 18: (0, 4), 3: (0, 12), 19: (2, 7), 20: (1, 6)}
 
 
 def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
@@ -124,7 +135,7 @@ def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
     correlation_id, response = decode_response(response_frame, 18, 0)
     assert correlation_id == 77
     assert response.error_code == ErrorCode.unsupported_version
-    assert {int(k.api_key) for k in response.api_keys} == {3, 18, 19, 20}
+    assert {int(k.api_key) for k in response.api_keys} == {0, 3, 18, 19, 20}
 
 
 def test_api_versions_with_invalid_software_name_is_invalid_request() -> None:

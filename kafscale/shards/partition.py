@@ -1,0 +1,188 @@
+"""One partition's write state inside its owning shard: offsets, producers, buffers, flushes.
+
+Appends go to the open buffer (shared memory) after the idempotence check, with the batch's base
+offset patched to the next offset (outside the CRC: no re-encoding). A buffer is sealed when it
+reaches ``segment_bytes``, when ``flush_interval_ms`` has passed since its first byte, or on
+demand; sealed buffers are flushed strictly one at a time and in order, so commits arrive at the
+coordinator contiguous. Only a committed flush moves the high watermark.
+
+Invariants: ``high_watermark <= next_offset``; ``sealed`` holds consecutive offset ranges starting
+at ``high_watermark``; the open buffer starts where the last sealed one ends. Clock and buffer
+allocation are passed in, so this is testable without a process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafscale.protocol import records
+from kafscale.protocol.errors import ErrorCode
+from kafscale.protocol.records import BatchHeader
+from kafscale.shards.buffer import PartitionBuffer
+from kafscale.shards.producers import ProducerStates, Verdict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BufferedSegment:
+    """A buffer's worth of batches: open for appends, then sealed and flushed."""
+
+    buffer: PartitionBuffer
+    base_offset: int
+    next_offset: int
+    first_append_ms: int
+    size: int = 0
+    records: int = 0
+    max_timestamp: int = -1
+    sealed_ms: int = 0
+    producers: dict[int, Any] = field(default_factory=dict)  # snapshot at seal
+
+    @property
+    def last_offset(self) -> int:
+        return self.next_offset - 1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    error: ErrorCode = ErrorCode.none
+    base_offset: int = -1
+    last_offset: int = -1
+    log_append_time: int = -1
+    message: str | None = None
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        high_watermark: int,
+        producers: ProducerStates,
+        segment_bytes: int,
+        flush_interval_ms: int,
+        new_buffer: Callable[[int, int], PartitionBuffer],
+    ) -> None:
+        self.topic, self.topic_id, self.partition = topic, topic_id, partition
+        self.high_watermark = high_watermark
+        self.next_offset = high_watermark
+        self.producers = producers
+        self.segment_bytes = segment_bytes
+        self.flush_interval_ms = flush_interval_ms
+        self._new_buffer = new_buffer  # (capacity, base_offset) -> buffer
+        self.open: BufferedSegment | None = None
+        self.sealed: deque[BufferedSegment] = deque()
+        self.flushing = False
+
+    @property
+    def unflushed_bytes(self) -> int:
+        return sum(s.size for s in self.sealed) + (self.open.size if self.open else 0)
+
+    def append(
+        self, batch: memoryview, header: BatchHeader, now_ms: int, log_append_time: bool
+    ) -> AppendOutcome:
+        """Append one validated batch; the offsets it got, or why it was refused."""
+        check = self.producers.check(
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.last_offset_delta,
+        )
+        if check.verdict is Verdict.DUPLICATE:
+            assert check.duplicate_of is not None
+            return AppendOutcome(
+                base_offset=check.duplicate_of.first_offset,
+                last_offset=check.duplicate_of.last_offset,
+            )
+        if check.verdict is Verdict.REFUSE:
+            return AppendOutcome(error=check.error, message=check.message)
+        data = bytearray(batch)
+        base_offset = self.next_offset
+        records.patch_base_offset(data, 0, base_offset)
+        timestamp = -1
+        max_timestamp = header.max_timestamp
+        if log_append_time:
+            records.set_log_append_time(data, 0, now_ms)
+            timestamp = max_timestamp = now_ms
+        segment = self._segment_for(len(data), now_ms)
+        segment.buffer.append(data, records=header.records_count)
+        self.producers.record(
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.last_offset_delta,
+            base_offset,
+            max_timestamp,
+        )
+        self.next_offset = base_offset + header.last_offset_delta + 1
+        segment.next_offset = self.next_offset
+        segment.size += len(data)
+        segment.records += header.records_count
+        segment.max_timestamp = max(segment.max_timestamp, max_timestamp)
+        if segment.size >= self.segment_bytes:
+            self.seal(now_ms)
+        return AppendOutcome(
+            base_offset=base_offset, last_offset=self.next_offset - 1, log_append_time=timestamp
+        )
+
+    def _segment_for(self, size: int, now_ms: int) -> BufferedSegment:
+        """The open segment if ``size`` more bytes fit, else a fresh one."""
+        if self.open is not None:
+            if self.open.size + size <= self.open.buffer.capacity:
+                return self.open
+            self.seal(now_ms)
+        capacity = max(self.segment_bytes, size)
+        buffer = self._new_buffer(capacity, self.next_offset)
+        self.open = BufferedSegment(
+            buffer=buffer,
+            base_offset=self.next_offset,
+            next_offset=self.next_offset,
+            first_append_ms=now_ms,
+        )
+        return self.open
+
+    def seal(self, now_ms: int) -> None:
+        """Close the open buffer to appends and queue it for flushing."""
+        if self.open is None:
+            return
+        segment, self.open = self.open, None
+        if segment.size == 0:
+            segment.buffer.destroy()
+            return
+        segment.buffer.seal()
+        segment.sealed_ms = now_ms
+        segment.producers = self.producers.snapshot()
+        self.sealed.append(segment)
+
+    def seal_if_due(self, now_ms: int) -> None:
+        if self.open is not None and now_ms - self.open.first_append_ms >= self.flush_interval_ms:
+            self.seal(now_ms)
+
+    def next_flush(self) -> BufferedSegment | None:
+        """The sealed segment to flush now, if none is being flushed."""
+        if self.flushing or not self.sealed:
+            return None
+        self.flushing = True
+        return self.sealed[0]
+
+    def flushed(self, high_watermark: int) -> None:
+        """The segment being flushed is committed: the high watermark moves, its buffer goes."""
+        segment = self.sealed.popleft()
+        self.flushing = False
+        self.high_watermark = max(self.high_watermark, high_watermark)
+        segment.buffer.destroy()
+
+    def flush_failed(self) -> None:
+        """Keep the segment; it is offered again by ``next_flush``."""
+        self.flushing = False
+
+    def close(self) -> None:
+        for segment in [*self.sealed, *([self.open] if self.open else [])]:
+            segment.buffer.destroy()
+        self.sealed.clear()
+        self.open = None

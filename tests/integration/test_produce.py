@@ -1,0 +1,182 @@
+"""Real producers write to KafScale; every acknowledged record is read back from the segments
+in the object store with the project's own segment reader."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+
+from kafscale import config as configuration
+from kafscale.metadata import open_metadata_store, records
+from kafscale.metadata.records import Keys
+from kafscale.protocol import codec
+from kafscale.protocol import records as batches
+from kafscale.protocol.errors import ErrorCode
+from kafscale.storage import open_object_store
+from kafscale.storage import segment as segments
+
+from .wire import Wire
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["embedded", "real"])
+def running_broker(request: pytest.FixtureRequest, start_broker: Callable[..., Any]) -> Any:
+    broker = start_broker(backends=request.param)
+    broker.wait_ready()
+    return broker
+
+
+def stored_records(broker: Any, topic: str, partition: int) -> list[batches.Record]:
+    """Every record of the partition's segments, read from the object store, in order."""
+    config = configuration.load(broker.env)
+    objects = open_object_store(config)
+    try:
+        prefix = segments.segment_prefix(config.s3_namespace, topic, partition)
+        found: list[batches.Record] = []
+        for info in objects.list(prefix):
+            if info.key.endswith(".kfs"):
+                parsed = segments.parse_segment(objects.get(info.key))  # verifies every CRC
+                for span in parsed.batches:
+                    batch = parsed.data[span.position : span.position + span.length]
+                    found.extend(batches.iter_records(batch))
+        return found
+    finally:
+        objects.close()
+
+
+def high_watermark(broker: Any, topic: str, partition: int) -> int:
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    try:
+        kv = store.get(Keys(config.s3_namespace).partition(topic, partition))
+        return records.decode_partition(kv.value).high_watermark if kv else 0
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "snappy", "lz4", "zstd"])
+def test_aiokafka_acks_all_every_record_exactly_once(
+    running_broker: Any, compression: str | None
+) -> None:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    count, partitions = 3000, 3
+
+    async def produce() -> list[Any]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=running_broker.bootstrap)
+        await admin.start()
+        await admin.create_topics([NewTopic("events", partitions, 1)])
+        await admin.close()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=running_broker.bootstrap,
+            acks="all",
+            compression_type=compression,
+            enable_idempotence=False,
+            linger_ms=5,
+        )
+        await producer.start()
+        try:
+            futures = [
+                await producer.send(
+                    "events", b"value-%d" % i, key=b"key-%d" % i, headers=[("n", str(i).encode())]
+                )
+                for i in range(count)
+            ]
+            return list(await asyncio.gather(*futures))
+        finally:
+            await producer.stop()
+
+    acked = asyncio.run(produce())
+    assert len(acked) == count
+    seen: dict[bytes, int] = {}
+    for partition in range(partitions):
+        stored = stored_records(running_broker, "events", partition)
+        assert [r.offset for r in stored] == list(range(len(stored)))  # contiguous from 0
+        assert high_watermark(running_broker, "events", partition) == len(stored)
+        for record in stored:
+            assert record.value is not None and record.key is not None
+            assert record.key == b"key-" + record.value.removeprefix(b"value-")
+            assert record.headers == (("n", record.value.removeprefix(b"value-")),)
+            seen[record.value] = seen.get(record.value, 0) + 1
+    assert seen == {b"value-%d" % i: 1 for i in range(count)}
+    by_partition = {(m.partition, m.offset) for m in acked}
+    assert len(by_partition) == count  # every acknowledged offset distinct
+
+
+def test_acks_1_and_0_reach_s3_after_the_flush_interval(running_broker: Any) -> None:
+    from kafka import KafkaProducer
+
+    for acks in (1, 0):
+        topic = f"acks-{acks}"
+        producer = KafkaProducer(bootstrap_servers=running_broker.bootstrap, acks=acks)
+        try:
+            for i in range(500):
+                producer.send(topic, b"%d" % i)
+            producer.flush(30)
+        finally:
+            producer.close()
+        deadline = time.monotonic() + 30
+        while high_watermark(running_broker, topic, 0) < 500:
+            assert time.monotonic() < deadline, "records never committed"
+            time.sleep(0.1)
+        assert [r.value for r in stored_records(running_broker, topic, 0)] == [
+            b"%d" % i for i in range(500)
+        ]
+
+
+def produce_request(topic: str, partition: int, records_blob: bytes, acks: int = -1) -> Any:
+    schema = load_request_schema(0, 9)
+    data = codec.nested(schema, "PartitionProduceData")
+    topic_data = codec.nested(schema, "TopicProduceData")
+    import datetime
+
+    return codec.build(
+        schema,
+        transactional_id=None,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            codec.build(
+                topic_data,
+                name=topic,
+                partition_data=(codec.build(data, index=partition, records=records_blob),),
+            ),
+        ),
+    )
+
+
+def test_bad_batches_get_kafka_errors_and_store_nothing(start_broker: Callable[..., Any]) -> None:
+    broker = start_broker(env={"KAFSCALE_AUTO_CREATE_PARTITIONS": "1"})
+    broker.wait_ready()
+    good = batches.build_batch([(b"k", b"v", (), 1_700_000_000_000)])
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF
+    huge = batches.build_batch([(None, b"x" * 2_000_000, (), 1_700_000_000_000)])
+    schema = load_response_schema(0, 9)
+    with Wire(("127.0.0.1", broker.port)) as wire:
+        cases = [
+            (produce_request("bad", 0, bytes(corrupt)), ErrorCode.corrupt_message),
+            (produce_request("bad", 0, huge), ErrorCode.message_too_large),
+            (produce_request("bad", 7, good), ErrorCode.unknown_topic_or_partition),
+            (produce_request("bad", 0, good, acks=2), ErrorCode.invalid_required_acks),
+            (produce_request("bad", 0, good + good), ErrorCode.invalid_record),
+        ]
+        for correlation_id, (request, expected) in enumerate(cases):
+            wire.send(request, correlation_id)
+            got_id, response = wire.read_response(schema)
+            [topic] = response.responses
+            [result] = topic.partition_responses
+            assert (got_id, result.error_code) == (correlation_id, expected)
+        wire.send(produce_request("bad", 0, good), 99)
+        _, response = wire.read_response(schema)
+        assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
+        assert response.responses[0].partition_responses[0].base_offset == 0
+    assert [r.value for r in stored_records(broker, "bad", 0)] == [b"v"]
+    assert "batch refused" in broker.log_text()
