@@ -19,6 +19,7 @@ from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
 from .partitions import PartitionCommitter
+from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistration, ensure_cluster_id
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ def run(ctx: ChildContext) -> None:
         admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
         admin.resume_deletions()
         committer = PartitionCommitter(store, config.s3_namespace)
+        producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
         broker = BrokerRecord(
@@ -52,6 +54,7 @@ def run(ctx: ChildContext) -> None:
                     messages.CreateTopics: admin.handle_create,
                     messages.DeleteTopics: admin.handle_delete,
                     messages.CommitSegment: committer.handle,
+                    messages.AllocateProducerId: producer_ids.handle,
                 },
                 on_idle=registration.keep_alive,
             )

@@ -44,6 +44,8 @@ class Coordinator(Protocol):
         self, names: Sequence[str], topic_ids: Sequence[str]
     ) -> list[TopicResult]: ...
 
+    async def allocate_producer_id(self) -> int: ...
+
 
 class Shards(Protocol):
     """The write path to the shard processes (``kafscale.frontend.shards``)."""

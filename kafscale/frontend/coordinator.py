@@ -12,7 +12,15 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicResult, TopicResults, TopicSpec
+from kafscale.ipc.messages import (
+    AllocateProducerId,
+    CreateTopics,
+    DeleteTopics,
+    ProducerIdAllocated,
+    TopicResult,
+    TopicResults,
+    TopicSpec,
+)
 from kafscale.ipc.rpc import AsyncRpcClient, RpcError
 from kafscale.metadata.view import MetadataView
 from kafscale.protocol.errors import ErrorCode
@@ -39,6 +47,18 @@ class CoordinatorClient:
     ) -> list[TopicResult]:
         request = DeleteTopics(names=list(names), topic_ids=list(topic_ids))
         return await self._call(request, [*names, *(None for _ in topic_ids)])
+
+    async def allocate_producer_id(self) -> int:
+        """A new producer id, or -1 when the coordinator cannot be reached."""
+        try:
+            reply = await self.rpc.call(AllocateProducerId(), timeout=TIMEOUT_SECONDS)
+        except RpcError as exc:
+            log.warning("coordinator unavailable", extra={"error": str(exc)})
+            return -1
+        if not isinstance(reply.message, ProducerIdAllocated):
+            log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})
+            return -1
+        return reply.message.producer_id
 
     async def _call(
         self, request: CreateTopics | DeleteTopics, names: list[str | None]

@@ -11,6 +11,7 @@ from kafscale.frontend.handlers import (
     api_versions,
     create_topics,
     delete_topics,
+    init_producer_id,
     metadata,
     produce,
 )
@@ -39,6 +40,13 @@ APIS: dict[int, Api] = {
             delete_topics.MIN_VERSION,
             delete_topics.MAX_VERSION,
             delete_topics.handle,
+        ),
+        Api(
+            init_producer_id.API_KEY,
+            "InitProducerId",
+            init_producer_id.MIN_VERSION,
+            init_producer_id.MAX_VERSION,
+            init_producer_id.handle,
         ),
         Api(
             api_versions.API_KEY,

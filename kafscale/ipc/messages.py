@@ -190,6 +190,17 @@ class SegmentFlushed(Message, frozen=True):
     error: str | None = None
 
 
+# -- producer ids (frontend -> coordinator) ---------------------------------------------------
+
+
+class AllocateProducerId(Message, frozen=True):
+    pass
+
+
+class ProducerIdAllocated(Message, frozen=True):
+    producer_id: int
+
+
 AnyMessage = (
     Ready
     | BootFailed
@@ -205,6 +216,8 @@ AnyMessage = (
     | Appended
     | FlushSegment
     | SegmentFlushed
+    | AllocateProducerId
+    | ProducerIdAllocated
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -181,8 +181,8 @@ def split_batches(
     the tail); a codec id above 4 is UNSUPPORTED_COMPRESSION_TYPE (Kafka: an unchecked exception,
     UNKNOWN_SERVER_ERROR); transactional batches are UNSUPPORTED_FOR_MESSAGE_FORMAT, Kafka's code
     for a log that cannot hold transactional records (we have no transaction coordinator); a
-    LogAppendTime bit from a producer is INVALID_TIMESTAMP (Kafka refuses it for LogAppendTime
-    topics only; no client sets it).
+    LogAppendTime bit from a producer is INVALID_TIMESTAMP (Kafka refuses it on LogAppendTime
+    topics and clears it on CreateTime ones; no client sets it).
     """
     view = memoryview(records)
     batches: list[BatchView] = []

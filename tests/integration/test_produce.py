@@ -180,3 +180,124 @@ def test_bad_batches_get_kafka_errors_and_store_nothing(start_broker: Callable[.
         assert response.responses[0].partition_responses[0].base_offset == 0
     assert [r.value for r in stored_records(broker, "bad", 0)] == [b"v"]
     assert "batch refused" in broker.log_text()
+
+
+def assert_exactly_once(
+    broker: Any, topic: str, partitions: int, count: int, prefix: bytes
+) -> None:
+    seen: dict[bytes, int] = {}
+    for partition in range(partitions):
+        stored = stored_records(broker, topic, partition)
+        assert [r.offset for r in stored] == list(range(len(stored)))
+        for record in stored:
+            assert record.value is not None
+            seen[record.value] = seen.get(record.value, 0) + 1
+    assert seen == {prefix + b"-%d" % i: 1 for i in range(count)}
+
+
+@pytest.mark.java
+@pytest.mark.parametrize("client_version", ["3.9", "4"])
+def test_java_producer_with_default_settings(
+    running_broker: Any, java_probe: Callable[..., Any], client_version: str
+) -> None:
+    import json
+
+    bootstrap = ["--bootstrap", running_broker.bootstrap]
+    created = java_probe(
+        client_version, "create-topic", *bootstrap, "--topic", "java", "--partitions", "4"
+    )
+    assert created.returncode == 0, created.stderr
+    for codec_name in ("none", "gzip", "snappy", "lz4", "zstd"):
+        result = java_probe(
+            client_version,
+            "produce",
+            *bootstrap,
+            "--topic",
+            "java",
+            "--count",
+            "2500",
+            "--prefix",
+            codec_name,
+            "--config",
+            f"compression.type={codec_name}",
+            timeout=180,
+        )
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["acknowledged"]["count"] == 2500
+    seen: dict[bytes, int] = {}
+    for partition in range(4):
+        stored = stored_records(running_broker, "java", partition)
+        assert [r.offset for r in stored] == list(range(len(stored)))
+        assert all(r.headers and r.headers[0][0] == "n" for r in stored)
+        for record in stored:
+            assert record.value is not None
+            seen[record.value] = seen.get(record.value, 0) + 1
+    expected = {
+        f"{name}-{i}".encode(): 1
+        for name in ("none", "gzip", "snappy", "lz4", "zstd")
+        for i in range(2500)
+    }
+    assert seen == expected
+
+
+def test_aiokafka_idempotent_producer(running_broker: Any) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=running_broker.bootstrap,
+            enable_idempotence=True,
+            compression_type="lz4",
+        )
+        await producer.start()
+        try:
+            futures = [
+                await producer.send("idempotent", b"aio-%d" % i, key=b"%d" % i) for i in range(2000)
+            ]
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    assert_exactly_once(running_broker, "idempotent", 1, 2000, b"aio")
+
+
+def test_resent_duplicate_batch_is_acknowledged_once(start_broker: Callable[..., Any]) -> None:
+    import datetime
+
+    broker = start_broker()
+    broker.wait_ready()
+    schema = load_response_schema(0, 9)
+    with Wire(("127.0.0.1", broker.port)) as wire:
+        wire.send(
+            codec.build(
+                load_request_schema(22, 4),
+                transactional_id=None,
+                transaction_timeout=datetime.timedelta(seconds=60),
+                producer_id=-1,
+                producer_epoch=-1,
+            ),
+            1,
+        )
+        _, init = wire.read_response(load_response_schema(22, 4))
+        assert init.error_code == ErrorCode.none
+        pid = int(init.producer_id)
+
+        def send(sequence: int, values: list[bytes]) -> tuple[ErrorCode, int]:
+            blob = batches.build_batch(
+                [(None, v, (), 1_700_000_000_000) for v in values],
+                producer_id=pid,
+                producer_epoch=0,
+                base_sequence=sequence,
+            )
+            wire.send(produce_request("dups", 0, blob), sequence + 100)
+            _, response = wire.read_response(schema)
+            result = response.responses[0].partition_responses[0]
+            return result.error_code, int(result.base_offset)
+
+        assert send(0, [b"a", b"b"]) == (ErrorCode.none, 0)
+        assert send(0, [b"a", b"b"]) == (ErrorCode.none, 0)  # the resend: same offsets
+        assert send(2, [b"c"]) == (ErrorCode.none, 2)
+        assert send(2, [b"c"]) == (ErrorCode.none, 2)
+        assert send(7, [b"gap"])[0] == ErrorCode.out_of_order_sequence_number
+    assert [r.value for r in stored_records(broker, "dups", 0)] == [b"a", b"b", b"c"]

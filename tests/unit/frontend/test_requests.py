@@ -52,6 +52,7 @@ class FakeCoordinator:
         self.view = view
         self.default_partitions = default_partitions
         self.created: list[str] = []
+        self.producer_ids = 4000
 
     async def create_topics(
         self, specs: Sequence[TopicSpec], validate_only: bool = False
@@ -64,6 +65,10 @@ class FakeCoordinator:
                 self.view.snapshot.topics[outcome.record.name] = outcome.record
                 self.created.append(outcome.record.name)
         return [outcome.result for outcome in outcomes]
+
+    async def allocate_producer_id(self) -> int:
+        self.producer_ids += 1
+        return self.producer_ids
 
     async def delete_topics(
         self, names: Sequence[str], topic_ids: Sequence[str]
@@ -124,7 +129,7 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
     advertised = {
         int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys
     }
-    assert advertised == {0: (0, 11), 18: (0, 4), 3: (0, 12), 19: (2, 7), 20: (1, 6)}
+    assert advertised == {0: (0, 11), 18: (0, 4), 3: (0, 12), 19: (2, 7), 20: (1, 6), 22: (0, 5)}
 
 
 def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
@@ -135,7 +140,7 @@ def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
     correlation_id, response = decode_response(response_frame, 18, 0)
     assert correlation_id == 77
     assert response.error_code == ErrorCode.unsupported_version
-    assert {int(k.api_key) for k in response.api_keys} == {0, 3, 18, 19, 20}
+    assert {int(k.api_key) for k in response.api_keys} == {0, 3, 18, 19, 20, 22}
 
 
 def test_api_versions_with_invalid_software_name_is_invalid_request() -> None:
@@ -415,3 +420,35 @@ def test_delete_topics(version: int) -> None:
         expected.append((None, ErrorCode.unknown_topic_id))
     assert errors == expected
     assert "orders" not in broker.view.snapshot.topics
+
+
+@pytest.mark.parametrize("version", range(6))
+def test_init_producer_id(version: int) -> None:
+    schema = load_request_schema(22, version)
+    broker = make_broker()
+    ids = []
+    for correlation_id in range(2):
+        request = codec.build(
+            schema,
+            transactional_id=None,
+            transaction_timeout=datetime.timedelta(seconds=60),
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+        frame = process(broker, request_frame(request, correlation_id))
+        assert frame is not None
+        _, response = decode_response(frame, 22, version)
+        assert (response.error_code, response.producer_epoch) == (ErrorCode.none, 0)
+        ids.append(response.producer_id)
+    assert ids == [4001, 4002]
+    transactional = codec.build(
+        schema,
+        transactional_id="tx-1",
+        transaction_timeout=datetime.timedelta(seconds=60),
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    frame = process(broker, request_frame(transactional))
+    assert frame is not None
+    _, response = decode_response(frame, 22, version)
+    assert (response.error_code, response.producer_id) == (ErrorCode.unsupported_version, -1)

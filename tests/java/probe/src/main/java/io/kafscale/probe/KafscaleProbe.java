@@ -35,6 +35,7 @@ public final class KafscaleProbe {
         COMMANDS.put("list-topics", AdminCommands::listTopics);
         COMMANDS.put("create-topic", AdminCommands::createTopic);
         COMMANDS.put("delete-topic", AdminCommands::deleteTopic);
+        COMMANDS.put("produce", ProduceCommands::produce);
     }
 
     private KafscaleProbe() {}
