@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 TICK_MS = 20
 FLUSH_RETRY_MS = 500
+# A flush with no answer by then is presumed lost (the flusher died with it) and sent again;
+# a late answer to the first attempt is ignored, and the retry uploads the same bytes.
+FLUSH_TIMEOUT_MS = 10_000
 ACKS_ALL = -1
 
 
@@ -56,6 +59,8 @@ class FlushState:
     retry_at_ms: int = 0
     codec: int = 0
     in_flight: int = -1  # base offset of the flush in flight
+    sent_ms: int = 0
+    attempt: int = 0  # distinguishes a retry's answer from a lost attempt's
     failures: int = 0
     last_error: str | None = field(default=None)
 
@@ -111,12 +116,23 @@ class Shard:
             if len(frames) >= 2:
                 reply = messages.decode(frames[1])
                 if isinstance(reply, messages.SegmentFlushed):
-                    self._on_flushed(reply)
+                    self._on_flushed(reply, REQUEST_ID.unpack(frames[0])[0])
 
     def _tick(self, now: int) -> None:
         for key, partition in self.partitions.items():
             partition.seal_if_due(now)
             state = self.flush_state[key]
+            if state.in_flight >= 0 and now - state.sent_ms >= FLUSH_TIMEOUT_MS:
+                log.error(
+                    "no answer to a flush; sending it again",
+                    extra={
+                        "topic": partition.topic,
+                        "partition": partition.partition,
+                        "base_offset": state.in_flight,
+                    },
+                )
+                state.in_flight = -1
+                partition.flush_failed()
             if now >= state.retry_at_ms:
                 self._start_flush(partition, state, now)
         self._expire_pending(now)
@@ -244,14 +260,21 @@ class Shard:
             producers=segment.producers,
         )
         state.in_flight = segment.base_offset
-        self.flusher.send_multipart([REQUEST_ID.pack(0), messages.encode(request)])
+        state.sent_ms = now
+        state.attempt += 1
+        self.flusher.send_multipart([REQUEST_ID.pack(state.attempt), messages.encode(request)])
 
-    def _on_flushed(self, reply: messages.SegmentFlushed) -> None:
+    def _on_flushed(self, reply: messages.SegmentFlushed, attempt: int) -> None:
         key = (reply.topic, reply.partition)
         partition = self.partitions.get(key)
         state = self.flush_state.get(key)
-        if partition is None or state is None or state.in_flight != reply.base_offset:
-            return  # a reply for a partition reloaded since
+        if (
+            partition is None
+            or state is None
+            or state.in_flight != reply.base_offset
+            or state.attempt != attempt
+        ):
+            return  # an answer to an attempt given up on, or for a partition reloaded since
         state.in_flight = -1
         if reply.committed:
             partition.flushed(reply.high_watermark)
