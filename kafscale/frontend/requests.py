@@ -4,10 +4,12 @@ Decisions, in Kafka's order:
 1. An API key Kafka does not define cannot be answered in any format: ``UnknownApi``, and the
    connection closes.
 2. ApiVersions at a version we do not serve: the KIP-511 v0 answer with UNSUPPORTED_VERSION.
-3. A version Kafka never defined for a known API: ``MalformedRequest`` (no format to answer in).
-4. A known API we do not implement, or a version outside our range: that version's response
+3. Produce v0-v2 (advertised, as Kafka 4 does, for old librdkafka builds): every partition gets
+   UNSUPPORTED_VERSION (``kafscale.protocol.legacy_produce``).
+4. A version Kafka never defined for a known API: ``MalformedRequest`` (no format to answer in).
+5. A known API we do not implement, or a version outside our range: that version's response
    with UNSUPPORTED_VERSION in its error fields, so the client sees an error, not a hang-up.
-5. Otherwise decode (every byte must be consumed) and call the handler.
+6. Otherwise decode (trailing bytes ignored, see ``codec``) and call the handler.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import logging
 
 from kafscale.frontend.context import Broker, RequestContext
-from kafscale.frontend.handlers import api_versions
-from kafscale.protocol import codec
+from kafscale.frontend.handlers import api_versions, produce
+from kafscale.protocol import codec, legacy_produce
 from kafscale.protocol.errors import ErrorCode, MalformedRequest
 
 log = logging.getLogger(__name__)
+
+PRODUCE = 0
 
 
 async def process(broker: Broker, frame: bytes, peer: str) -> bytes | None:
@@ -35,6 +39,12 @@ async def process(broker: Broker, frame: bytes, peer: str) -> bytes | None:
         return codec.encode_response(
             correlation_id, api_versions.unsupported_version_response(broker.apis)
         )
+    if api_key == PRODUCE and 0 <= version < produce.FIRST_SERVED_VERSION:
+        log.warning(
+            "refusing Produce v0-v2 (removed in Kafka 4, KIP-896)",
+            extra={"version": version, "peer": peer},
+        )
+        return legacy_produce.refuse(frame)
     schema = codec.request_schema(api_key, version)
     if schema is None:
         raise MalformedRequest(f"{name} has no version {version}")

@@ -452,3 +452,51 @@ def test_init_producer_id(version: int) -> None:
     assert frame is not None
     _, response = decode_response(frame, 22, version)
     assert (response.error_code, response.producer_id) == (ErrorCode.unsupported_version, -1)
+
+
+def legacy_produce(version: int, acks: int) -> bytes:
+    message_set = b"\x00" * 26
+    return (
+        struct.pack(">hhih", 0, version, 51, 4)
+        + b"test"
+        + struct.pack(">hii", acks, 1000, 1)
+        + struct.pack(">h", 6)
+        + b"orders"
+        + struct.pack(">i", 2)
+        + struct.pack(">ii", 0, len(message_set))
+        + message_set
+        + struct.pack(">ii", 1, len(message_set))
+        + message_set
+    )
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_produce_v0_to_v2_is_refused_with_unsupported_version(version: int) -> None:
+    frame = process(make_broker(), legacy_produce(version, acks=1))
+    assert frame is not None
+    (length, correlation_id, topics) = struct.unpack_from(">iii", frame)
+    assert (length, correlation_id, topics) == (len(frame) - 4, 51, 1)
+    pos = 12
+    (name_length,) = struct.unpack_from(">h", frame, pos)
+    assert frame[pos + 2 : pos + 2 + name_length] == b"orders"
+    pos += 2 + name_length
+    (partitions,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    results = []
+    for _ in range(partitions):
+        results.append(struct.unpack_from(">ihq", frame, pos))
+        pos += 14 + (8 if version >= 2 else 0)
+    assert results == [
+        (0, ErrorCode.unsupported_version, -1),
+        (1, ErrorCode.unsupported_version, -1),
+    ]
+    assert len(frame) == pos + (4 if version >= 1 else 0)
+
+
+def test_produce_v0_with_acks_0_gets_no_answer() -> None:
+    assert process(make_broker(), legacy_produce(0, acks=0)) is None
+
+
+def test_truncated_produce_v0_is_malformed() -> None:
+    with pytest.raises(MalformedRequest):
+        process(make_broker(), legacy_produce(1, acks=1)[:-10])
