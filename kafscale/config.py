@@ -209,6 +209,19 @@ SETTINGS: tuple[Setting, ...] = (
         "Let consumers read buffered data not yet committed to S3",
     ),
     Setting(
+        "buffer_bytes",
+        "512MiB",
+        _size_at_least(1024 * 1024),
+        "Unflushed bytes the broker may hold (split among shards); beyond it produce is refused "
+        "with a retriable error",
+    ),
+    Setting(
+        "s3_latency_threshold_ms",
+        "5000",
+        _int_in(1, 600_000),
+        "An upload slower than this marks S3 degraded: produce is refused until uploads are fast",
+    ),
+    Setting(
         "max_request_bytes",
         "100MiB",
         _size_at_least(1024),
@@ -257,6 +270,8 @@ class Config:
     auto_create_topics: bool
     auto_create_partitions: int
     fetch_unflushed: bool
+    buffer_bytes: int
+    s3_latency_threshold_ms: int
     max_request_bytes: int
     shards: int
     log_level: str

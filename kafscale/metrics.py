@@ -33,3 +33,34 @@ BACKEND_UP = Gauge(
     ["backend"],
     multiprocess_mode="liveall",
 )
+
+# -- write path ----------------------------------------------------------------------------------
+RECORDS_PRODUCED = Counter("kafscale_produced_records", "Records appended to partition buffers")
+BYTES_PRODUCED = Counter("kafscale_produced_bytes", "Batch bytes appended to partition buffers")
+BATCHES_REJECTED = Counter("kafscale_batches_rejected", "Produce batches refused", ["reason"])
+BUFFER_BYTES = Gauge(
+    "kafscale_buffer_bytes",
+    "Unflushed bytes held by a shard",
+    ["shard"],
+    multiprocess_mode="livesum",
+)
+S3_HEALTHY = Gauge(
+    "kafscale_s3_healthy",
+    "1 while a shard accepts produce (S3 healthy)",
+    ["shard"],
+    multiprocess_mode="livemin",
+)
+FLUSHES = Counter("kafscale_flushes", "Segments uploaded and committed")
+FLUSH_BYTES = Counter("kafscale_flush_bytes", "Buffer bytes flushed into segments")
+FLUSH_SECONDS = Histogram(
+    "kafscale_flush_duration_seconds",
+    "Seal-to-commit time of a flush",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+FLUSH_ERRORS = Counter("kafscale_flush_errors", "Flushes that failed", ["kind"])
+S3_PUT_SECONDS = Histogram(
+    "kafscale_s3_put_duration_seconds",
+    "Object store PUT latency",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+S3_ERRORS = Counter("kafscale_s3_errors", "Object store operations that failed", ["operation"])

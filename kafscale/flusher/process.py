@@ -17,9 +17,11 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 
 import zmq
 
+from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import Incoming, RpcClient, RpcError, RpcServer
 from kafscale.metadata.records import SegmentRecord
@@ -50,37 +52,42 @@ class Flusher:
         self._uploads = concurrent.futures.ThreadPoolExecutor(WORKERS * 2, "upload")
 
     def flush(self, job: messages.FlushSegment) -> messages.SegmentFlushed:
+        started = time.monotonic()
         try:
-            high_watermark = self._flush(job)
-        except (FlushError, ObjectStoreError, RpcError) as exc:
-            return messages.SegmentFlushed(
-                topic=job.topic,
-                partition=job.partition,
-                base_offset=job.base_offset,
-                committed=False,
-                high_watermark=-1,
-                error=str(exc),
-            )
+            high_watermark, upload_ms = self._flush(job)
+        except (ObjectStoreError, RpcError) as exc:
+            metrics.FLUSH_ERRORS.labels("storage").inc()
+            return _failed(job, str(exc), storage_error=True)
+        except FlushError as exc:
+            metrics.FLUSH_ERRORS.labels("refused").inc()
+            return _failed(job, str(exc), storage_error=False)
+        metrics.FLUSHES.inc()
+        metrics.FLUSH_BYTES.inc(job.size)
+        metrics.FLUSH_SECONDS.observe(time.monotonic() - started)
         return messages.SegmentFlushed(
             topic=job.topic,
             partition=job.partition,
             base_offset=job.base_offset,
             committed=True,
             high_watermark=high_watermark,
+            upload_ms=upload_ms,
         )
 
-    def _flush(self, job: messages.FlushSegment) -> int:
+    def _flush(self, job: messages.FlushSegment) -> tuple[int, int]:
+        """The committed high watermark and how long the uploads took (ms)."""
         data = self._read_buffer(job)
         batches = [records.compress_batch(batch, job.codec) for batch in _split(data)]
         kfs, index = segments.build_segment(batches, flags=job.codec, created_ms=job.created_ms)
         kfs_key = segments.segment_key(self.namespace, job.topic, job.partition, job.base_offset)
         index_key = segments.index_key(self.namespace, job.topic, job.partition, job.base_offset)
+        uploaded = time.monotonic()
         uploads = [
             self._uploads.submit(self._put, kfs_key, kfs),
             self._uploads.submit(self._put, index_key, index),
         ]
         for upload in uploads:
             upload.result()
+        upload_ms = int((time.monotonic() - uploaded) * 1000)
         segment = SegmentRecord(
             base_offset=job.base_offset,
             last_offset=job.last_offset,
@@ -107,7 +114,7 @@ class Flusher:
         if not isinstance(reply, messages.SegmentCommitted):
             raise FlushError(f"unexpected reply from the coordinator: {reply!r}")
         if reply.committed or reply.high_watermark > job.last_offset:
-            return reply.high_watermark  # committed now, or by our own earlier attempt
+            return reply.high_watermark, upload_ms  # committed now, or by an earlier attempt
         raise FlushError(f"commit refused: {reply.error}")
 
     def _read_buffer(self, job: messages.FlushSegment) -> bytes:
@@ -121,7 +128,14 @@ class Flusher:
         return data
 
     def _put(self, key: str, data: bytes) -> None:
-        if self.objects.put_if_absent(key, data):
+        started = time.monotonic()
+        try:
+            created = self.objects.put_if_absent(key, data)
+        except ObjectStoreError:
+            metrics.S3_ERRORS.labels("put").inc()
+            raise
+        metrics.S3_PUT_SECONDS.observe(time.monotonic() - started)
+        if created:
             return
         if self.objects.get(key) != data:
             log.error(
@@ -140,6 +154,18 @@ class Flusher:
 
     def close(self) -> None:
         self._uploads.shutdown(wait=True)
+
+
+def _failed(job: messages.FlushSegment, error: str, storage_error: bool) -> messages.SegmentFlushed:
+    return messages.SegmentFlushed(
+        topic=job.topic,
+        partition=job.partition,
+        base_offset=job.base_offset,
+        committed=False,
+        high_watermark=-1,
+        error=error,
+        storage_error=storage_error,
+    )
 
 
 def _split(data: bytes) -> list[memoryview]:

@@ -188,6 +188,8 @@ class SegmentFlushed(Message, frozen=True):
     committed: bool
     high_watermark: int
     error: str | None = None
+    storage_error: bool = False  # S3 or the metadata store failed: a health signal
+    upload_ms: int = 0
 
 
 # -- producer ids (frontend -> coordinator) ---------------------------------------------------

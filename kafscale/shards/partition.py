@@ -54,6 +54,7 @@ class AppendOutcome:
     last_offset: int = -1
     log_append_time: int = -1
     message: str | None = None
+    duplicate: bool = False  # a resend of a batch appended before: nothing was appended now
 
 
 class PartitionLog:
@@ -98,6 +99,7 @@ class PartitionLog:
             return AppendOutcome(
                 base_offset=check.duplicate_of.first_offset,
                 last_offset=check.duplicate_of.last_offset,
+                duplicate=True,
             )
         if check.verdict is Verdict.REFUSE:
             return AppendOutcome(error=check.error, message=check.message)
@@ -170,19 +172,24 @@ class PartitionLog:
         self.flushing = True
         return self.sealed[0]
 
-    def flushed(self, high_watermark: int) -> None:
-        """The segment being flushed is committed: the high watermark moves, its buffer goes."""
+    def flushed(self, high_watermark: int) -> int:
+        """The segment being flushed is committed: the high watermark moves, its buffer goes.
+        Returns the bytes freed."""
         segment = self.sealed.popleft()
         self.flushing = False
         self.high_watermark = max(self.high_watermark, high_watermark)
         segment.buffer.destroy()
+        return segment.size
 
     def flush_failed(self) -> None:
         """Keep the segment; it is offered again by ``next_flush``."""
         self.flushing = False
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Drop every buffer (unflushed data is lost); returns the bytes freed."""
+        freed = self.unflushed_bytes
         for segment in [*self.sealed, *([self.open] if self.open else [])]:
             segment.buffer.destroy()
         self.sealed.clear()
         self.open = None
+        return freed

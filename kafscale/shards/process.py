@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcServer
 from kafscale.metadata import open_metadata_store, records
@@ -41,6 +42,7 @@ FLUSH_RETRY_MS = 500
 # A flush with no answer by then is presumed lost (the flusher died with it) and sent again;
 # a late answer to the first attempt is ignored, and the retry uploads the same bytes.
 FLUSH_TIMEOUT_MS = 10_000
+SLOW_PENALTY_MS = 2_000  # how long a slow upload keeps produce refused
 ACKS_ALL = -1
 
 
@@ -83,6 +85,14 @@ class Shard:
         self.flush_state: dict[tuple[str, int], FlushState] = {}
         self.pending: list[PendingProduce] = []
         self._slots = 0
+        # Back-pressure and S3 health gating: appends are refused at once, with a retriable
+        # error, while the buffers are full or while flushes fail or run slow.
+        self.budget = self.config.buffer_bytes // self.config.shards
+        self.unflushed = 0
+        self.storage_failing: set[tuple[str, int]] = set()
+        self.slow_until_ms = 0
+        self._label = str(ctx.index)
+        metrics.S3_HEALTHY.labels(self._label).set(1)
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -154,6 +164,7 @@ class Shard:
                 frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
             )
             if isinstance(found, batches.BatchError):
+                metrics.BATCHES_REJECTED.labels(found.error_code.name).inc()
                 log.warning(
                     "batch refused",
                     extra={
@@ -166,10 +177,20 @@ class Shard:
                 results.append(_error(found.error_code, found.message))
                 continue
             [batch] = found
+            refusal = self._refusal(now, len(batch.data))
+            if refusal is not None:
+                metrics.BATCHES_REJECTED.labels("storage").inc()
+                results.append(_error(ErrorCode.kafka_storage_error, refusal))
+                continue
             outcome = partition.append(batch.data, batch.header, now, entry.log_append_time)
             if outcome.error != ErrorCode.none:
+                metrics.BATCHES_REJECTED.labels(outcome.error.name).inc()
                 results.append(_error(outcome.error, outcome.message))
                 continue
+            if not outcome.duplicate:
+                self.unflushed += len(batch.data)
+                metrics.RECORDS_PRODUCED.inc(batch.header.records_count)
+                metrics.BYTES_PRODUCED.inc(len(batch.data))
             results.append(
                 messages.AppendResult(
                     base_offset=outcome.base_offset,
@@ -186,13 +207,24 @@ class Shard:
         else:
             self.server.reply(incoming, messages.Appended(results=results))
 
+    def _refusal(self, now: int, size: int) -> str | None:
+        """Why an append must be refused now (S3 unhealthy, buffers full), or None."""
+        if self.storage_failing:
+            return "the object store or metadata store is failing; retry later"
+        if now < self.slow_until_ms:
+            return "the object store is slow; retry later"
+        if self.unflushed + size > self.budget:
+            return f"the shard's buffers are full ({self.unflushed} bytes unflushed)"
+        return None
+
     def _partition(self, entry: messages.AppendEntry) -> PartitionLog:
         key = (entry.topic, entry.partition)
         partition = self.partitions.get(key)
         if partition is not None and partition.topic_id == entry.topic_id:
             return partition
         if partition is not None:  # the topic was deleted and created again
-            partition.close()
+            self.unflushed -= partition.close()
+            self.storage_failing.discard(key)
         partition = self._load(entry)
         self.partitions[key] = partition
         self.flush_state[key] = FlushState(codec=entry.codec)
@@ -277,11 +309,22 @@ class Shard:
             return  # an answer to an attempt given up on, or for a partition reloaded since
         state.in_flight = -1
         if reply.committed:
-            partition.flushed(reply.high_watermark)
+            self.unflushed -= partition.flushed(reply.high_watermark)
             state.failures, state.last_error = 0, None
+            self.storage_failing.discard(key)
+            if reply.upload_ms > self.config.s3_latency_threshold_ms:
+                log.warning(
+                    "slow upload: refusing produce for a while",
+                    extra={"upload_ms": reply.upload_ms},
+                )
+                self.slow_until_ms = now_ms() + SLOW_PENALTY_MS
+            self._update_gauges()
             self._resolve_pending()
             return
         partition.flush_failed()
+        if reply.storage_error:
+            self.storage_failing.add(key)
+            self._update_gauges()
         state.failures += 1
         state.retry_at_ms = now_ms() + min(FLUSH_RETRY_MS * state.failures, 5000)
         if state.last_error != reply.error:
@@ -290,6 +333,11 @@ class Shard:
                 extra={"topic": reply.topic, "partition": reply.partition, "error": reply.error},
             )
         state.last_error = reply.error
+
+    def _update_gauges(self) -> None:
+        metrics.BUFFER_BYTES.labels(self._label).set(self.unflushed)
+        healthy = not self.storage_failing and now_ms() >= self.slow_until_ms
+        metrics.S3_HEALTHY.labels(self._label).set(1 if healthy else 0)
 
     def _resolve_pending(self) -> None:
         still: list[PendingProduce] = []
