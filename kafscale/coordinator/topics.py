@@ -13,6 +13,7 @@ re-created topic can never see an old segment (segment keys restart at offset 0)
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -118,6 +119,7 @@ def _check_one(
         partitions=partitions,
         configs=configs,
         replication_factor=replication_factor,
+        created_ms=time.time_ns() // 1_000_000,
     )
     return Creation(created(record), record)
 

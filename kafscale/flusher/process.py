@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 
+import msgspec
 import zmq
 
 from kafscale import metrics
@@ -29,7 +30,7 @@ from kafscale.protocol import records
 from kafscale.shards.buffer import PartitionBuffer
 from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
-from kafscale.storage.objects import ObjectStore, ObjectStoreError
+from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.supervisor.child import ChildContext
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,14 @@ COMMIT_TIMEOUT_MS = 10_000
 
 class FlushError(Exception):
     """The flush could not complete; the shard keeps the buffer and retries."""
+
+
+class Collision(FlushError):
+    """A segment key holds other bytes than ours (and is not a deleted topic's leftover)."""
+
+
+class TopicGone(FlushError):
+    """The topic was deleted while its segment was being flushed."""
 
 
 class Flusher:
@@ -58,6 +67,9 @@ class Flusher:
         except (ObjectStoreError, RpcError) as exc:
             metrics.FLUSH_ERRORS.labels("storage").inc()
             return _failed(job, str(exc), storage_error=True)
+        except TopicGone as exc:
+            failed = _failed(job, str(exc), storage_error=False)
+            return msgspec.structs.replace(failed, topic_gone=True)
         except FlushError as exc:
             metrics.FLUSH_ERRORS.labels("refused").inc()
             return _failed(job, str(exc), storage_error=False)
@@ -81,12 +93,15 @@ class Flusher:
         kfs_key = segments.segment_key(self.namespace, job.topic, job.partition, job.base_offset)
         index_key = segments.index_key(self.namespace, job.topic, job.partition, job.base_offset)
         uploaded = time.monotonic()
-        uploads = [
-            self._uploads.submit(self._put, kfs_key, kfs),
-            self._uploads.submit(self._put, index_key, index),
-        ]
-        for upload in uploads:
-            upload.result()
+        kfs_upload = self._uploads.submit(self._put, kfs_key, kfs)
+        index_upload = self._uploads.submit(self._put, index_key, index)
+        kfs_upload.result()
+        try:
+            index_upload.result()
+        except Collision:
+            # Our segment is in place, so an index under its key that differs is a leftover.
+            self.objects.delete(index_key)
+            self._put(index_key, index)
         upload_ms = int((time.monotonic() - uploaded) * 1000)
         segment = SegmentRecord(
             base_offset=job.base_offset,
@@ -113,6 +128,12 @@ class Flusher:
         )
         if not isinstance(reply, messages.SegmentCommitted):
             raise FlushError(f"unexpected reply from the coordinator: {reply!r}")
+        if not reply.committed and reply.high_watermark == -1:
+            # The topic was deleted (or re-created) meanwhile: take back what we uploaded, so a
+            # new topic of the same name never meets it.
+            for key, data in ((kfs_key, kfs), (index_key, index)):
+                self._delete_if_ours(key, data)
+            raise TopicGone(reply.error or "topic deleted")
         if reply.committed or reply.high_watermark > job.last_offset:
             return reply.high_watermark, upload_ms  # committed now, or by an earlier attempt
         raise FlushError(f"commit refused: {reply.error}")
@@ -137,12 +158,28 @@ class Flusher:
         metrics.S3_PUT_SECONDS.observe(time.monotonic() - started)
         if created:
             return
-        if self.objects.get(key) != data:
+        existing = self.objects.get(key)
+        if existing != data and _leftover(existing, data):
+            log.warning(
+                "removing a leftover of a deleted topic under a segment key", extra={"key": key}
+            )
+            self.objects.delete(key)
+            if self.objects.put_if_absent(key, data):
+                return
+            existing = self.objects.get(key)
+        if existing != data:
             log.error(
                 "a different object already exists under a segment key; not overwriting",
                 extra={"key": key},
             )
-            raise FlushError(f"{key} exists with different bytes")
+            raise Collision(f"{key} exists with different bytes")
+
+    def _delete_if_ours(self, key: str, data: bytes) -> None:
+        try:
+            if self.objects.get(key) == data:
+                self.objects.delete(key)
+        except ObjectNotFound:
+            pass
 
     def _coordinator(self) -> RpcClient:
         """One ZeroMQ socket per worker thread (sockets are not thread-safe)."""
@@ -166,6 +203,18 @@ def _failed(job: messages.FlushSegment, error: str, storage_error: bool) -> mess
         error=error,
         storage_error=storage_error,
     )
+
+
+def _leftover(existing: bytes, ours: bytes) -> bool:
+    """Whether ``existing`` (under our segment key, with other bytes) is a segment sealed before
+    the one we are writing: a deleted topic's upload that raced its deletion. Only segments are
+    judged; an index follows its segment."""
+    try:
+        theirs = segments.parse_segment(existing, verify=False)
+        mine = segments.parse_segment(ours, verify=False)
+    except segments.CorruptSegment:
+        return False
+    return theirs.created_ms < mine.created_ms
 
 
 def _split(data: bytes) -> list[memoryview]:

@@ -139,6 +139,7 @@ class AppendEntry(msgspec.Struct, frozen=True):
     log_append_time: bool
     codec: int  # applied by the flusher to batches that arrive uncompressed (0: none)
     allow_zstd: bool = True
+    topic_created_ms: int = 0
 
 
 class Append(Message, frozen=True):
@@ -176,6 +177,7 @@ class FlushSegment(Message, frozen=True):
     created_ms: int
     codec: int
     producers: dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]
+    topic_created_ms: int = 0
 
 
 class SegmentFlushed(Message, frozen=True):
@@ -189,6 +191,7 @@ class SegmentFlushed(Message, frozen=True):
     high_watermark: int
     error: str | None = None
     storage_error: bool = False  # S3 or the metadata store failed: a health signal
+    topic_gone: bool = False  # the topic was deleted: the shard drops the partition's data
     upload_ms: int = 0
 
 

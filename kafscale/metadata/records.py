@@ -34,6 +34,9 @@ class TopicRecord(msgspec.Struct, frozen=True):
     partitions: int
     configs: dict[str, str] = msgspec.field(default_factory=dict)  # explicitly set ones
     replication_factor: int = 1  # as asked; durability comes from S3, not replicas
+    # Wall-clock creation time: a segment sealed before it belongs to an earlier topic of the
+    # same name (an upload that raced the deletion) and is never adopted into this one.
+    created_ms: int = 0
 
 
 class PartitionRecord(msgspec.Struct, frozen=True):

@@ -60,6 +60,7 @@ class PendingProduce:
 class FlushState:
     retry_at_ms: int = 0
     codec: int = 0
+    topic_created_ms: int = 0
     in_flight: int = -1  # base offset of the flush in flight
     sent_ms: int = 0
     attempt: int = 0  # distinguishes a retry's answer from a lost attempt's
@@ -227,7 +228,9 @@ class Shard:
             self.storage_failing.discard(key)
         partition = self._load(entry)
         self.partitions[key] = partition
-        self.flush_state[key] = FlushState(codec=entry.codec)
+        self.flush_state[key] = FlushState(
+            codec=entry.codec, topic_created_ms=entry.topic_created_ms
+        )
         return partition
 
     def _load(self, entry: messages.AppendEntry) -> PartitionLog:
@@ -245,6 +248,7 @@ class Shard:
             entry.partition,
             state.high_watermark,
             producers,
+            topic_created_ms=entry.topic_created_ms,
         )
         log.info(
             "partition loaded",
@@ -290,6 +294,7 @@ class Shard:
             created_ms=segment.sealed_ms,
             codec=state.codec,
             producers=segment.producers,
+            topic_created_ms=state.topic_created_ms,
         )
         state.in_flight = segment.base_offset
         state.sent_ms = now
@@ -320,6 +325,16 @@ class Shard:
                 self.slow_until_ms = now_ms() + SLOW_PENALTY_MS
             self._update_gauges()
             self._resolve_pending()
+            return
+        if reply.topic_gone:
+            log.info(
+                "topic deleted: dropping the partition's buffers",
+                extra={"topic": reply.topic, "partition": reply.partition},
+            )
+            self.unflushed -= partition.close()
+            del self.partitions[key], self.flush_state[key]
+            self.storage_failing.discard(key)
+            self._update_gauges()
             return
         partition.flush_failed()
         if reply.storage_error:

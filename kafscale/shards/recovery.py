@@ -33,6 +33,7 @@ def adopt_uncommitted(
     partition: int,
     high_watermark: int,
     producers: ProducerStates,
+    topic_created_ms: int = 0,
 ) -> int:
     """The partition's high watermark after adopting what can be adopted."""
     prefix = segments.segment_prefix(namespace, topic, partition)
@@ -54,6 +55,15 @@ def adopt_uncommitted(
             parsed = segments.parse_segment(data)
         except (segments.CorruptSegment, ObjectNotFound) as exc:
             _remove(objects, kfs, index, str(exc))
+            continue
+        if parsed.created_ms < topic_created_ms:
+            _remove(
+                objects,
+                kfs,
+                index,
+                "sealed before this topic was created: a leftover of a "
+                "deleted topic of the same name",
+            )
             continue
         adopted = ProducerStates.restore(producers.snapshot())
         for span in parsed.batches:

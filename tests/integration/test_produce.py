@@ -301,3 +301,29 @@ def test_resent_duplicate_batch_is_acknowledged_once(start_broker: Callable[...,
         assert send(2, [b"c"]) == (ErrorCode.none, 2)
         assert send(7, [b"gap"])[0] == ErrorCode.out_of_order_sequence_number
     assert [r.value for r in stored_records(broker, "dups", 0)] == [b"a", b"b", b"c"]
+
+
+def test_recreated_topic_never_shows_old_records(running_broker: Any) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka import KafkaProducer
+
+    admin = AdminClient({"bootstrap.servers": running_broker.bootstrap})
+
+    def write(values: list[bytes]) -> None:
+        producer = KafkaProducer(bootstrap_servers=running_broker.bootstrap, acks="all")
+        try:
+            for value in values:
+                producer.send("cycle", value)
+            producer.flush(30)
+        finally:
+            producer.close()
+
+    for generation in range(3):
+        admin.create_topics([NewTopic("cycle", 1, 1)])["cycle"].result(30)
+        values = [b"gen%d-%d" % (generation, i) for i in range(200 + generation)]
+        write(values)
+        stored = stored_records(running_broker, "cycle", 0)
+        assert [r.value for r in stored] == values
+        assert [r.offset for r in stored] == list(range(len(values)))
+        admin.delete_topics(["cycle"])["cycle"].result(30)
+        assert stored_records(running_broker, "cycle", 0) == []

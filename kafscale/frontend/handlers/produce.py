@@ -92,6 +92,7 @@ def _entry(ctx: RequestContext, record: TopicRecord, partition: int) -> AppendEn
         log_append_time=configs["message.timestamp.type"] == "LogAppendTime",
         codec=int(_CODECS[compression]),
         allow_zstd=ctx.version >= 7,
+        topic_created_ms=record.created_ms,
     )
 
 
