@@ -7,6 +7,8 @@ import argparse
 import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 
 from kafscale import config as configuration
 from kafscale import logs
@@ -42,6 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
         "all verified, 1 corrupt, 2 unreadable.",
     )
     dump.add_argument("target", metavar="FILE_OR_KEY")
+    flush = commands.add_parser(
+        "flush",
+        help="seal and commit every buffer of a running broker now",
+        description="Ask a running broker to seal every partition buffer and wait until all of "
+        "it is committed to S3 (POST /flush on its metrics port). Exit status 0 on success.",
+    )
+    flush.add_argument(
+        "--metrics-url",
+        default="http://127.0.0.1:9093",
+        help="the broker's metrics endpoint [default: %(default)s]",
+    )
     return parser
 
 
@@ -49,11 +62,26 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(vars(args))
+    if args.command == "flush":
+        return flush(args.metrics_url)
     if args.command == "segments":
         from kafscale.storage import inspect
 
         return inspect.main([args.target])
     return 2
+
+
+def flush(metrics_url: str) -> int:
+    request = urllib.request.Request(metrics_url.rstrip("/") + "/flush", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            print(response.read().decode().strip())
+            return 0
+    except urllib.error.HTTPError as error:
+        print(error.read().decode().strip(), file=sys.stderr)
+    except (urllib.error.URLError, OSError) as error:
+        print(f"kafscale flush: cannot reach {metrics_url}: {error}", file=sys.stderr)
+    return 1
 
 
 def serve(flags: dict[str, str | None]) -> int:

@@ -195,6 +195,16 @@ class SegmentFlushed(Message, frozen=True):
     upload_ms: int = 0
 
 
+class FlushAll(Message, frozen=True):
+    """Seal every open buffer now; answered with ``FlushedAll`` once all is committed (an
+    operator's explicit flush, ``POST /flush``)."""
+
+
+class FlushedAll(Message, frozen=True):
+    partitions: int  # partitions whose data is now committed
+    error: str | None = None
+
+
 # -- producer ids (frontend -> coordinator) ---------------------------------------------------
 
 
@@ -223,6 +233,8 @@ AnyMessage = (
     | SegmentFlushed
     | AllocateProducerId
     | ProducerIdAllocated
+    | FlushAll
+    | FlushedAll
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -42,18 +42,20 @@ FLUSH_RETRY_MS = 500
 # A flush with no answer by then is presumed lost (the flusher died with it) and sent again;
 # a late answer to the first attempt is ignored, and the retry uploads the same bytes.
 FLUSH_TIMEOUT_MS = 10_000
-SLOW_PENALTY_MS = 2_000  # how long a slow upload keeps produce refused
+SLOW_PENALTY_MS = 2_000
+FLUSH_ALL_TIMEOUT_MS = 60_000  # how long a slow upload keeps produce refused
 ACKS_ALL = -1
 
 
 @dataclass
 class PendingProduce:
-    """An acks=all request waiting for its partitions' commits."""
+    """An acks=all request (or an explicit flush) waiting for its partitions' commits."""
 
     incoming: Incoming
     results: list[messages.AppendResult]
     waits: dict[int, tuple[PartitionLog, int]]  # result index -> (log, last offset)
     deadline_ms: int
+    flush_all: bool = False
 
 
 @dataclass
@@ -117,6 +119,8 @@ class Shard:
                 self.server.reply(incoming, self.ctx.pong())
             elif isinstance(message, messages.Append):
                 self._on_append(incoming, message)
+            elif isinstance(message, messages.FlushAll):
+                self._on_flush_all(incoming)
             else:
                 name = type(message).__name__
                 self.server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
@@ -207,6 +211,29 @@ class Shard:
             )
         else:
             self.server.reply(incoming, messages.Appended(results=results))
+
+    def _on_flush_all(self, incoming: Incoming) -> None:
+        now = now_ms()
+        waits = {}
+        for index, partition in enumerate(self.partitions.values()):
+            partition.seal(now)
+            if partition.next_offset > partition.high_watermark:
+                waits[index] = (partition, partition.next_offset - 1)
+        pending = PendingProduce(incoming, [], waits, now + FLUSH_ALL_TIMEOUT_MS, flush_all=True)
+        if waits:
+            self.pending.append(pending)
+        else:
+            self._answer(pending, timed_out=False)
+
+    def _answer(self, pending: PendingProduce, timed_out: bool) -> None:
+        if pending.flush_all:
+            error = "not everything was committed in time" if timed_out else None
+            reply: messages.Message = messages.FlushedAll(
+                partitions=len(pending.waits), error=error
+            )
+        else:
+            reply = messages.Appended(results=pending.results)
+        self.server.reply(pending.incoming, reply)
 
     def _refusal(self, now: int, size: int) -> str | None:
         """Why an append must be refused now (S3 unhealthy, buffers full), or None."""
@@ -358,7 +385,7 @@ class Shard:
         still: list[PendingProduce] = []
         for pending in self.pending:
             if all(log.high_watermark > last for log, last in pending.waits.values()):
-                self.server.reply(pending.incoming, messages.Appended(results=pending.results))
+                self._answer(pending, timed_out=False)
             else:
                 still.append(pending)
         self.pending = still
@@ -369,6 +396,9 @@ class Shard:
             return
         self.pending = [p for p in self.pending if p.deadline_ms > now]
         for pending in expired:
+            if pending.flush_all:
+                self._answer(pending, timed_out=True)
+                continue
             results = list(pending.results)
             for index, (partition, last) in pending.waits.items():
                 if partition.high_watermark <= last:

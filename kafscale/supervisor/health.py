@@ -4,6 +4,7 @@
 - ``/readyz``: 200 when every child is up and answered its last ping, and both backends answered
   their last check; otherwise 503 with a JSON body listing what is not ready.
 - ``/metrics``: every process's samples, aggregated (prometheus-client multiprocess mode).
+- ``POST /flush``: seal and commit every buffer now (``kafscale.supervisor.admin``).
 
 A ``HealthChecker`` thread pings the children over their ZeroMQ sockets and checks the backends
 every few seconds; the HTTP threads only read its last verdict, so probes never block on S3/etcd.
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import RpcClient, RpcError
+from kafscale.supervisor import admin
 from kafscale.supervisor.arbiter import Child
 
 log = logging.getLogger(__name__)
@@ -149,6 +151,22 @@ def _handler_class(checker: HealthChecker) -> type[http.server.BaseHTTPRequestHa
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             else:
                 self._send(404, b"not found\n", "text/plain")
+
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0] != "/flush":
+                self._send(404, b"not found\n", "text/plain")
+                return
+            outcome = admin.flush_all(checker.runtime_dir, checker.children)
+            body = json.dumps(
+                {
+                    "flushed": not outcome.problems,
+                    "partitions": outcome.partitions,
+                    "problems": outcome.problems,
+                }
+            )
+            self._send(
+                200 if not outcome.problems else 503, body.encode() + b"\n", "application/json"
+            )
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

@@ -327,3 +327,38 @@ def test_recreated_topic_never_shows_old_records(running_broker: Any) -> None:
         assert [r.offset for r in stored] == list(range(len(values)))
         admin.delete_topics(["cycle"])["cycle"].result(30)
         assert stored_records(running_broker, "cycle", 0) == []
+
+
+def test_explicit_flush_commits_everything_now(start_broker: Callable[..., Any]) -> None:
+    import subprocess
+    import sys
+
+    from kafka import KafkaProducer
+
+    broker = start_broker(env={"KAFSCALE_FLUSH_INTERVAL_MS": "3600000"})  # no timer flush
+    broker.wait_ready()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1)
+    try:
+        for i in range(300):
+            producer.send("held", b"%d" % i)
+        producer.flush(30)
+    finally:
+        producer.close()
+    assert high_watermark(broker, "held", 0) == 0  # acknowledged at acks=1, still buffered
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kafscale",
+            "flush",
+            "--metrics-url",
+            f"http://127.0.0.1:{broker.metrics_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"flushed": true' in result.stdout
+    assert high_watermark(broker, "held", 0) == 300
+    assert [r.value for r in stored_records(broker, "held", 0)] == [b"%d" % i for i in range(300)]
