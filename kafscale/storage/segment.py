@@ -49,6 +49,9 @@ from typing import Literal, NamedTuple
 
 import crc32c
 
+from kafscale.protocol import records
+from kafscale.protocol.records import BatchHeader
+
 SEGMENT_MAGIC = b"KAFS"
 FOOTER_MAGIC = b"END!"
 INDEX_MAGIC = b"IDX\x00"
@@ -70,64 +73,14 @@ INDEX_ENTRY_SIZE = _INDEX_ENTRY.size  # 12
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 
-# The Kafka v2 RecordBatch header (KIP-98; Kafka's DefaultRecordBatch), in wire order.
-_BATCH_FIELDS = (
-    ("base_offset", "q"),
-    ("batch_length", "i"),  # bytes after this field: the batch is 12 + batch_length bytes
-    ("partition_leader_epoch", "i"),
-    ("magic", "b"),
-    ("crc", "I"),  # CRC32C from ``attributes`` to the end: base offset and epoch stay patchable
-    ("attributes", "h"),  # bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control
-    ("last_offset_delta", "i"),
-    ("base_timestamp", "q"),
-    ("max_timestamp", "q"),
-    ("producer_id", "q"),
-    ("producer_epoch", "h"),
-    ("base_sequence", "i"),
-    ("records_count", "i"),
-)
-_BATCH_HEADER = struct.Struct(">" + "".join(code for _, code in _BATCH_FIELDS))
-_FIELD_OFFSET = {
-    name: struct.calcsize(">" + "".join(code for _, code in _BATCH_FIELDS[:i]))
-    for i, (name, _) in enumerate(_BATCH_FIELDS)
-}
-BATCH_HEADER_SIZE = _BATCH_HEADER.size  # 61
-_LOG_OVERHEAD = _FIELD_OFFSET["partition_leader_epoch"]  # 12: base offset + batch length
-_CRC_START = _FIELD_OFFSET["attributes"]  # 21
+# The v2 batch header is read with kafscale.protocol.records (the one definition of its layout).
+BATCH_HEADER_SIZE = records.HEADER.size  # 61
+_LOG_OVERHEAD = records.LOG_OVERHEAD  # 12: base offset + batch length
+_CRC_START = records.CRC_START  # 21
 
 
 class CorruptSegment(Exception):
     """A segment or index that fails to parse or verify; the message says what and where."""
-
-
-class BatchHeader(NamedTuple):
-    """The 61-byte header of one Kafka v2 record batch; the records stay opaque."""
-
-    base_offset: int
-    batch_length: int
-    partition_leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    records_count: int
-
-    @property
-    def size(self) -> int:
-        return _LOG_OVERHEAD + self.batch_length
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
-
-    @property
-    def codec(self) -> int:
-        return self.attributes & 0x07
 
 
 class BatchSpan(NamedTuple):
@@ -243,7 +196,7 @@ def read_batch_header(data: bytes | memoryview, position: int = 0) -> BatchHeade
             f"batch at position {position}: {len(data) - position} bytes left, "
             f"a batch header needs {BATCH_HEADER_SIZE}"
         )
-    return BatchHeader._make(_BATCH_HEADER.unpack_from(data, position))
+    return records.read_header(data, position)
 
 
 def batch_crc(batch: bytes | memoryview) -> int:
