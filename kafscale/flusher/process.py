@@ -25,9 +25,9 @@ import zmq
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import Incoming, RpcClient, RpcError, RpcServer
+from kafscale.ipc.shm import PartitionBuffer
 from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol import records
-from kafscale.shards.buffer import PartitionBuffer
 from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError

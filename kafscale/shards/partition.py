@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.ipc.shm import PartitionBuffer
 from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
 from kafscale.protocol.records import BatchHeader
-from kafscale.shards.buffer import PartitionBuffer
 from kafscale.shards.producers import ProducerStates, Verdict
 
 log = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ import zmq
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcServer
+from kafscale.ipc.shm import PartitionBuffer, segment_name, sweep_shard_segments
 from kafscale.metadata import open_metadata_store, records
 from kafscale.metadata.records import Keys, PartitionRecord
 from kafscale.metadata.store import MetadataStore
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
-from kafscale.shards.buffer import PartitionBuffer, segment_name, sweep_shard_segments
 from kafscale.shards.partition import PartitionLog
 from kafscale.shards.producers import ProducerStates
 from kafscale.shards.recovery import adopt_uncommitted

@@ -28,7 +28,7 @@ from prometheus_client import multiprocess
 from kafscale import metrics
 from kafscale.config import Config
 from kafscale.ipc import endpoints, messages
-from kafscale.shards.buffer import sweep_segments
+from kafscale.ipc.shm import sweep_segments
 from kafscale.supervisor.child import CONFIG_FILE, EXIT_BOOT_FAILED
 
 log = logging.getLogger(__name__)

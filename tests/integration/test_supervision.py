@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kafscale.shards.buffer import PartitionBuffer
+from kafscale.ipc.shm import PartitionBuffer
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from kafscale.shards import buffer
-from kafscale.shards.buffer import (
+from kafscale.ipc import shm as buffer
+from kafscale.ipc.shm import (
     DATA_START,
     SHM_DIR,
     BufferFormatError,
@@ -311,7 +311,7 @@ READER_SCRIPT = textwrap.dedent(
     import sys
     from multiprocessing import resource_tracker
     from multiprocessing.shared_memory import SharedMemory
-    from kafscale.shards.buffer import DATA_START, PartitionBuffer
+    from kafscale.ipc.shm import DATA_START, PartitionBuffer
 
     name, how = sys.argv[1], sys.argv[2]
     if how == "buffer":
