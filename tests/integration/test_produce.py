@@ -379,3 +379,36 @@ def test_explicit_flush_commits_everything_now(start_broker: Callable[..., Any])
     assert '"flushed": true' in result.stdout
     assert high_watermark(broker, "held", 0) == 300
     assert [r.value for r in stored_records(broker, "held", 0)] == [b"%d" % i for i in range(300)]
+
+
+def test_log_append_time_topics_stamp_records_with_broker_time(
+    start_broker: Callable[..., Any],
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = start_broker()
+    broker.wait_ready()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for name, kind in (("appended", "LogAppendTime"), ("created", "CreateTime")):
+        config = {"message.timestamp.type": kind}
+        admin.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(30)
+    sent_at = 1_500_000_000_000  # long ago: a broker-assigned time is clearly different
+    blob = batches.build_batch([(None, b"x", (), sent_at), (None, b"y", (), sent_at + 1)])
+    schema = load_response_schema(0, 9)
+    before = int(time.time() * 1000)
+    with Wire(("127.0.0.1", broker.port)) as wire:
+        for correlation_id, name in enumerate(("appended", "created")):
+            wire.send(produce_request(name, 0, blob), correlation_id)
+            _, response = wire.read_response(schema)
+            result = response.responses[0].partition_responses[0]
+            assert result.error_code == ErrorCode.none
+            if name == "appended":
+                assert result.log_append_time is not None
+                assert result.log_append_time.timestamp() * 1000 >= before
+            else:
+                assert result.log_append_time is None  # -1 on the wire
+    after = int(time.time() * 1000)
+    appended = stored_records(broker, "appended", 0)
+    assert len({r.timestamp for r in appended}) == 1
+    assert before <= appended[0].timestamp <= after
+    assert [r.timestamp for r in stored_records(broker, "created", 0)] == [sent_at, sent_at + 1]
