@@ -211,6 +211,7 @@ class Shard:
             )
         else:
             self.server.reply(incoming, messages.Appended(results=results))
+        self._update_gauges()
 
     def _on_flush_all(self, incoming: Incoming) -> None:
         now = now_ms()
