@@ -140,40 +140,33 @@ def check_deletions(
 ) -> list[tuple[TopicResult, TopicRecord | None]]:
     """Each named topic's record to delete, or its error (unknown name or id)."""
     by_id = {record.topic_id: record for record in existing.values()}
+    # (name asked for, id asked for, the record found, the error if none was)
+    wanted = [
+        (
+            name,
+            None,
+            existing.get(name),
+            ErrorCode.unknown_topic_or_partition,
+            f"unknown topic {name}",
+        )
+        for name in names
+    ] + [
+        (
+            None,
+            topic_id,
+            by_id.get(topic_id),
+            ErrorCode.unknown_topic_id,
+            f"unknown topic id {topic_id}",
+        )
+        for topic_id in topic_ids
+    ]
     outcomes: list[tuple[TopicResult, TopicRecord | None]] = []
-    for name in names:
-        record = existing.get(name)
+    for name, topic_id, record, missing, message in wanted:
         if record is None:
-            outcomes.append(
-                (
-                    TopicResult(
-                        name=name,
-                        error_code=int(ErrorCode.unknown_topic_or_partition),
-                        error_message=f"unknown topic {name}",
-                    ),
-                    None,
-                )
+            result = TopicResult(
+                name=name, error_code=int(missing), error_message=message, topic_id=topic_id
             )
         else:
-            outcomes.append(
-                (TopicResult(name=name, error_code=0, topic_id=record.topic_id), record)
-            )
-    for topic_id in topic_ids:
-        record = by_id.get(topic_id)
-        if record is None:
-            outcomes.append(
-                (
-                    TopicResult(
-                        name=None,
-                        error_code=int(ErrorCode.unknown_topic_id),
-                        error_message=f"unknown topic id {topic_id}",
-                        topic_id=topic_id,
-                    ),
-                    None,
-                )
-            )
-        else:
-            outcomes.append(
-                (TopicResult(name=record.name, error_code=0, topic_id=topic_id), record)
-            )
+            result = TopicResult(name=record.name, error_code=0, topic_id=record.topic_id)
+        outcomes.append((result, record))
     return outcomes
