@@ -64,3 +64,46 @@ S3_PUT_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 S3_ERRORS = Counter("kafscale_s3_errors", "Object store operations that failed", ["operation"])
+
+# -- read path -----------------------------------------------------------------------------------
+FETCH_BYTES = Counter("kafscale_fetch_bytes", "Record batch bytes returned to Fetch requests")
+FETCH_WAIT_SECONDS = Histogram(
+    "kafscale_fetch_wait_seconds",
+    "How long fetches waited for data (long polling) before they were answered",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+FETCHES_WAITING = Gauge(
+    "kafscale_fetches_waiting",
+    "Fetches parked until data arrives",
+    ["shard"],
+    multiprocess_mode="livesum",
+)
+CACHE_LOOKUPS = Counter(
+    "kafscale_cache_lookups",
+    "Read-path cache lookups by layer (segment = L1, index = L2) and result (hit or miss)",
+    ["layer", "result"],
+)
+CACHE_BYTES = Gauge(
+    "kafscale_cache_bytes",
+    "Bytes held by a shard's read-path cache",
+    ["layer", "shard"],
+    multiprocess_mode="livesum",
+)
+READAHEADS = Counter("kafscale_readahead_segments", "Segments prefetched by read-ahead", ["result"])
+S3_READ_HEALTHY = Gauge(
+    "kafscale_s3_read_healthy",
+    "1 while a shard's reads from the object store succeed",
+    ["shard"],
+    multiprocess_mode="livemin",
+)
+S3_REQUESTS = Counter(
+    "kafscale_s3_requests",
+    "Object store requests by operation (get, put, list, ...)",
+    ["operation"],
+)
+S3_GET_BYTES = Counter("kafscale_s3_get_bytes", "Bytes read from the object store")
+S3_GET_SECONDS = Histogram(
+    "kafscale_s3_get_duration_seconds",
+    "Object store GET latency",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -15,6 +15,7 @@ from kafscale.ipc.rpc import RpcServer, serve_until
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord, Keys
 from kafscale.storage import open_object_store
+from kafscale.storage.metered import MeteredObjectStore
 from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 def run(ctx: ChildContext) -> None:
     config = ctx.config
     store = open_metadata_store(config)
-    objects = open_object_store(config)
+    objects = MeteredObjectStore(open_object_store(config))
     try:
         store.check()
         admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)

@@ -30,6 +30,7 @@ from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol import records
 from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
+from kafscale.storage.metered import MeteredObjectStore
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.supervisor.child import ChildContext
 
@@ -63,7 +64,7 @@ class Flusher:
     def flush(self, job: messages.FlushSegment) -> messages.SegmentFlushed:
         started = time.monotonic()
         try:
-            high_watermark, upload_ms = self._flush(job)
+            high_watermark, upload_ms, segment = self._flush(job)
         except (ObjectStoreError, RpcError) as exc:
             metrics.FLUSH_ERRORS.labels("storage").inc()
             return _failed(job, str(exc), storage_error=True)
@@ -83,10 +84,11 @@ class Flusher:
             committed=True,
             high_watermark=high_watermark,
             upload_ms=upload_ms,
+            segment=segment,
         )
 
-    def _flush(self, job: messages.FlushSegment) -> tuple[int, int]:
-        """The committed high watermark and how long the uploads took (ms)."""
+    def _flush(self, job: messages.FlushSegment) -> tuple[int, int, SegmentRecord]:
+        """The committed high watermark, how long the uploads took (ms), the segment's record."""
         data = self._read_buffer(job)
         batches = [records.compress_batch(batch, job.codec) for batch in _split(data)]
         kfs, index = segments.build_segment(batches, flags=job.codec, created_ms=job.created_ms)
@@ -135,7 +137,7 @@ class Flusher:
                 self._delete_if_ours(key, data)
             raise TopicGone(reply.error or "topic deleted")
         if reply.committed or reply.high_watermark > job.last_offset:
-            return reply.high_watermark, upload_ms  # committed now, or by an earlier attempt
+            return reply.high_watermark, upload_ms, segment  # committed now or by an earlier try
         raise FlushError(f"commit refused: {reply.error}")
 
     def _read_buffer(self, job: messages.FlushSegment) -> bytes:
@@ -228,7 +230,7 @@ def _split(data: bytes) -> list[memoryview]:
 
 
 def run(ctx: ChildContext) -> None:
-    objects = open_object_store(ctx.config)
+    objects = MeteredObjectStore(open_object_store(ctx.config))
     objects.check()
     flusher = Flusher(ctx, objects)
     server = RpcServer(ctx.zmq_context, ctx.address())

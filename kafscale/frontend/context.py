@@ -13,10 +13,19 @@ from typing import Any, Protocol
 from kafscale.config import Config
 from kafscale.ipc import messages
 from kafscale.ipc.messages import TopicResult, TopicSpec
+from kafscale.ipc.rpc import Reply
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol.codec import RequestHeader
 
 Handle = Callable[["RequestContext", Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A response a handler encoded itself, as the whole frame in pieces (size prefix, header,
+    body), so record bytes reach the socket without being copied (Fetch)."""
+
+    chunks: list[bytes | memoryview]
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,14 @@ class Shards(Protocol):
         records: Sequence[bytes | memoryview],
         timeout: float,
     ) -> messages.Appended: ...
+
+    async def fetch(self, shard: int, request: messages.Fetch, timeout: float) -> Reply: ...
+
+    async def release(self, shard: int, fetch_id: int) -> None: ...
+
+    async def list_offsets(
+        self, shard: int, request: messages.ListOffsets, timeout: float
+    ) -> messages.OffsetsListed: ...
 
 
 class View(Protocol):

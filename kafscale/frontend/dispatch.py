@@ -11,8 +11,11 @@ from kafscale.frontend.handlers import (
     api_versions,
     create_topics,
     delete_topics,
+    fetch,
     init_producer_id,
+    list_offsets,
     metadata,
+    offset_for_leader_epoch,
     produce,
 )
 
@@ -20,6 +23,21 @@ APIS: dict[int, Api] = {
     api.key: api
     for api in (
         Api(produce.API_KEY, "Produce", produce.MIN_VERSION, produce.MAX_VERSION, produce.handle),
+        Api(fetch.API_KEY, "Fetch", fetch.MIN_VERSION, fetch.MAX_VERSION, fetch.handle),
+        Api(
+            list_offsets.API_KEY,
+            "ListOffsets",
+            list_offsets.MIN_VERSION,
+            list_offsets.MAX_VERSION,
+            list_offsets.handle,
+        ),
+        Api(
+            offset_for_leader_epoch.API_KEY,
+            "OffsetForLeaderEpoch",
+            offset_for_leader_epoch.MIN_VERSION,
+            offset_for_leader_epoch.MAX_VERSION,
+            offset_for_leader_epoch.handle,
+        ),
         Api(
             metadata.API_KEY,
             "Metadata",

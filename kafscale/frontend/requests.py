@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from kafscale.frontend.context import Broker, RequestContext
+from kafscale.frontend.context import Broker, Encoded, RequestContext
 from kafscale.frontend.handlers import api_versions, produce
 from kafscale.protocol import codec, legacy_produce
 from kafscale.protocol.errors import ErrorCode, MalformedRequest
@@ -26,8 +26,12 @@ log = logging.getLogger(__name__)
 PRODUCE = 0
 
 
-async def process(broker: Broker, frame: bytes, peer: str) -> bytes | None:
-    """The response frame to ``frame``, None if the protocol sends none. Raises DecodeError."""
+Response = bytes | list[bytes | memoryview]
+
+
+async def process(broker: Broker, frame: bytes, peer: str) -> Response | None:
+    """The response frame to ``frame`` (whole, or in pieces to write in order), None if the
+    protocol sends none. Raises DecodeError."""
     api_key, version, correlation_id = codec.peek_header(frame)
     name = codec.api_name(api_key)
     api = broker.apis.get(api_key)
@@ -62,4 +66,6 @@ async def process(broker: Broker, frame: bytes, peer: str) -> bytes | None:
     response = await api.handle(RequestContext(broker, header, peer), request)
     if response is None:
         return None
+    if isinstance(response, Encoded):
+        return response.chunks
     return codec.encode_response(correlation_id, response)

@@ -1,6 +1,7 @@
-"""The frontend's side of the write path: one request/reply client per shard.
+"""The frontend's side of the shards: one request/reply client per shard.
 
-Requests carry a partition's records as a zero-copy bulk frame next to the typed header.
+Requests carry a partition's records as a zero-copy bulk frame next to the typed header; fetch
+replies bring record batches back the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import zmq.asyncio
 
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.routing import shard_for
-from kafscale.ipc.rpc import AsyncRpcClient, RpcError
+from kafscale.ipc.rpc import AsyncRpcClient, Reply, RpcError
 
 
 class ShardClients:
@@ -33,6 +34,24 @@ class ShardClients:
     ) -> messages.Appended:
         reply = await self.clients[shard].call(request, records, timeout=timeout)
         if not isinstance(reply.message, messages.Appended):
+            raise RpcError(f"shard {shard} answered {reply.message!r}")
+        return reply.message
+
+    async def fetch(self, shard: int, request: messages.Fetch, timeout: float) -> Reply:
+        """The shard's ``Fetched`` and, as bulk frames, the records of each result with data."""
+        reply = await self.clients[shard].call(request, timeout=timeout)
+        if not isinstance(reply.message, messages.Fetched):
+            raise RpcError(f"shard {shard} answered {reply.message!r}")
+        return reply
+
+    async def release(self, shard: int, fetch_id: int) -> None:
+        await self.clients[shard].notify(messages.ReleaseFetch(fetch_id=fetch_id))
+
+    async def list_offsets(
+        self, shard: int, request: messages.ListOffsets, timeout: float
+    ) -> messages.OffsetsListed:
+        reply = await self.clients[shard].call(request, timeout=timeout)
+        if not isinstance(reply.message, messages.OffsetsListed):
             raise RpcError(f"shard {shard} answered {reply.message!r}")
         return reply.message
 

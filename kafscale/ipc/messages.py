@@ -193,6 +193,7 @@ class SegmentFlushed(Message, frozen=True):
     storage_error: bool = False  # S3 or the metadata store failed: a health signal
     topic_gone: bool = False  # the topic was deleted: the shard drops the partition's data
     upload_ms: int = 0
+    segment: SegmentRecord | None = None  # what was committed, for the shard's segment list
 
 
 class FlushAll(Message, frozen=True):
@@ -203,6 +204,81 @@ class FlushAll(Message, frozen=True):
 class FlushedAll(Message, frozen=True):
     partitions: int  # partitions whose data is now committed
     error: str | None = None
+
+
+# -- fetch and list offsets (frontend -> shard) -----------------------------------------------
+
+
+class FetchEntry(msgspec.Struct, frozen=True):
+    """One partition of a Fetch: read from ``offset``, at most ``max_bytes`` (but always at least
+    one whole batch when there is one)."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    offset: int
+    max_bytes: int
+    topic_created_ms: int = 0
+
+
+class Fetch(Message, frozen=True):
+    """Answered with ``Fetched`` as soon as ``min_bytes`` are available, a partition has an
+    error, the asker sends ``ReleaseFetch`` with the same ``fetch_id``, or ``max_wait_ms`` ran
+    out. ``max_bytes`` bounds the whole answer as Kafka's Fetch does."""
+
+    fetch_id: int
+    entries: list[FetchEntry]
+    max_bytes: int
+    min_bytes: int
+    max_wait_ms: int
+
+
+class FetchResult(msgspec.Struct, frozen=True):
+    """One partition's answer; its records, when ``size`` > 0, are the next bulk frame."""
+
+    error_code: int = 0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    size: int = 0
+    message: str | None = None
+
+
+class Fetched(Message, frozen=True):
+    results: list[FetchResult]
+
+
+class ReleaseFetch(Message, frozen=True):
+    """Answer the waiting Fetch ``fetch_id`` now with what it has (another shard already has
+    enough for the client). A notice: no reply of its own."""
+
+    fetch_id: int
+
+
+class OffsetQuery(msgspec.Struct, frozen=True):
+    """ListOffsets for one partition: a timestamp or one of Kafka's special values (-1 latest,
+    -2 earliest, -3 max timestamp, -4 earliest local, -5 latest tiered)."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    timestamp: int
+    topic_created_ms: int = 0
+
+
+class ListOffsets(Message, frozen=True):
+    queries: list[OffsetQuery]
+
+
+class OffsetAnswer(msgspec.Struct, frozen=True):
+    error_code: int = 0
+    offset: int = -1
+    timestamp: int = -1
+    leader_epoch: int = -1
+    message: str | None = None
+
+
+class OffsetsListed(Message, frozen=True):
+    results: list[OffsetAnswer]
 
 
 # -- producer ids (frontend -> coordinator) ---------------------------------------------------
@@ -235,6 +311,11 @@ AnyMessage = (
     | ProducerIdAllocated
     | FlushAll
     | FlushedAll
+    | Fetch
+    | Fetched
+    | ReleaseFetch
+    | ListOffsets
+    | OffsetsListed
 )
 
 _encoder = msgspec.msgpack.Encoder()

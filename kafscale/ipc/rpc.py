@@ -10,6 +10,7 @@ own); a request to an absent peer fails fast with ``PeerUnavailable`` instead of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import struct
 import threading
@@ -182,6 +183,13 @@ class AsyncRpcClient:
                 raise RpcTimeout(f"no reply from {self.address} within {timeout} s") from None
         finally:
             self._pending.pop(request_id, None)
+
+    async def notify(self, message: Message) -> None:
+        """Send a one-way notice (no reply expected); dropped if the peer is not connected."""
+        with contextlib.suppress(zmq.Again):
+            await self.socket.send_multipart(
+                [REQUEST_ID.pack(0), messages.encode(message)], flags=zmq.NOBLOCK
+            )
 
     async def _read_replies(self) -> None:
         while True:

@@ -8,6 +8,7 @@ and skipped rather than taking the view down.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -34,6 +35,11 @@ class Snapshot:
     cluster_id: str | None = None
     brokers: dict[int, BrokerRecord] = field(default_factory=dict)
     topics: dict[str, TopicRecord] = field(default_factory=dict)
+
+    @functools.cached_property
+    def topics_by_id(self) -> dict[str, TopicRecord]:
+        """Topics by id (canonical UUID text), built on first use per snapshot."""
+        return {record.topic_id: record for record in self.topics.values()}
 
 
 class MetadataView:

@@ -13,6 +13,7 @@ allocation are passed in, so this is testable without a process.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -23,9 +24,13 @@ from kafscale.ipc.shm import PartitionBuffer
 from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
 from kafscale.protocol.records import BatchHeader
+from kafscale.shards.cache import Chunk
 from kafscale.shards.producers import ProducerStates, Verdict
+from kafscale.shards.segments import CommittedSegments
 
 log = logging.getLogger(__name__)
+
+LEADER_EPOCH = 0  # one leader epoch until partitions move between brokers
 
 
 @dataclass
@@ -41,10 +46,38 @@ class BufferedSegment:
     max_timestamp: int = -1
     sealed_ms: int = 0
     producers: dict[int, Any] = field(default_factory=dict)  # snapshot at seal
+    starts: list[int] = field(default_factory=list)  # where each batch starts in the buffer
+    lasts: list[int] = field(default_factory=list)  # each batch's last offset
 
     @property
     def last_offset(self) -> int:
         return self.next_offset - 1
+
+    def chunk(self, offset: int, max_bytes: int) -> Chunk:
+        """A copy of the batches from the one holding ``offset``: at least one, more while they
+        fit in ``max_bytes``. The copy outlives the buffer (which is reused once flushed)."""
+        i = bisect.bisect_left(self.lasts, offset)
+        j = i + 1
+        while j < len(self.starts) and self._end(j) - self.starts[i] <= max_bytes:
+            j += 1
+        return self._copy(i, j)
+
+    def whole(self) -> Chunk:
+        """A copy of every batch in the buffer."""
+        return self._copy(0, len(self.starts))
+
+    def _copy(self, i: int, j: int) -> Chunk:
+        start = self.starts[i]
+        data = self.buffer.read(start, self._end(j - 1))
+        assert data is not None, "the owner's own buffer cannot change under it"
+        first = self.base_offset if i == 0 else self.lasts[i - 1] + 1
+        starts = tuple(position - start for position in self.starts[i:j])
+        return Chunk(
+            data, first, starts, tuple(self.lasts[i:j]), complete=(i, j) == (0, len(self.starts))
+        )
+
+    def _end(self, i: int) -> int:
+        return self.starts[i + 1] if i + 1 < len(self.starts) else self.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +101,8 @@ class PartitionLog:
         segment_bytes: int,
         flush_interval_ms: int,
         new_buffer: Callable[[int, int], PartitionBuffer],
+        segments: CommittedSegments | None = None,
+        log_start_offset: int = 0,
     ) -> None:
         self.topic, self.topic_id, self.partition = topic, topic_id, partition
         self.high_watermark = high_watermark
@@ -79,6 +114,8 @@ class PartitionLog:
         self.open: BufferedSegment | None = None
         self.sealed: deque[BufferedSegment] = deque()
         self.flushing = False
+        self.segments = segments if segments is not None else CommittedSegments()
+        self.log_start_offset = log_start_offset
 
     @property
     def unflushed_bytes(self) -> int:
@@ -106,6 +143,7 @@ class PartitionLog:
         data = bytearray(batch)
         base_offset = self.next_offset
         records.patch_base_offset(data, 0, base_offset)
+        records.patch_leader_epoch(data, 0, LEADER_EPOCH)
         timestamp = -1
         max_timestamp = header.max_timestamp
         if log_append_time:
@@ -113,6 +151,7 @@ class PartitionLog:
             timestamp = max_timestamp = now_ms
         segment = self._segment_for(len(data), now_ms)
         segment.buffer.append(data, records=header.records_count)
+        segment.starts.append(segment.size)
         self.producers.record(
             header.producer_id,
             header.producer_epoch,
@@ -123,6 +162,7 @@ class PartitionLog:
         )
         self.next_offset = base_offset + header.last_offset_delta + 1
         segment.next_offset = self.next_offset
+        segment.lasts.append(self.next_offset - 1)
         segment.size += len(data)
         segment.records += header.records_count
         segment.max_timestamp = max(segment.max_timestamp, max_timestamp)
@@ -180,6 +220,13 @@ class PartitionLog:
         self.high_watermark = max(self.high_watermark, high_watermark)
         segment.buffer.destroy()
         return segment.size
+
+    def buffered(self, offset: int) -> BufferedSegment | None:
+        """The sealed or open buffer holding ``offset``, if one does."""
+        for segment in [*self.sealed, *([self.open] if self.open else [])]:
+            if segment.base_offset <= offset < segment.next_offset:
+                return segment
+        return None
 
     def flush_failed(self) -> None:
         """Keep the segment; it is offered again by ``next_flush``."""

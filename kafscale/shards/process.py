@@ -30,8 +30,11 @@ from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards.partition import PartitionLog
 from kafscale.shards.producers import ProducerStates
+from kafscale.shards.reader import ReadPath
 from kafscale.shards.recovery import adopt_uncommitted
+from kafscale.shards.segments import CommittedSegments
 from kafscale.storage import open_object_store
+from kafscale.storage.metered import MeteredObjectStore
 from kafscale.storage.objects import ObjectStore
 from kafscale.supervisor.child import ChildContext
 
@@ -96,6 +99,9 @@ class Shard:
         self.slow_until_ms = 0
         self._label = str(ctx.index)
         metrics.S3_HEALTHY.labels(self._label).set(1)
+        self.reads = ReadPath(
+            self.config, objects, self.server, self._partition_for, self._label, now_ms
+        )
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -103,12 +109,15 @@ class Shard:
         poller = zmq.Poller()
         poller.register(self.server.socket, zmq.POLLIN)
         poller.register(self.flusher, zmq.POLLIN)
+        poller.register(self.reads.wakeup_fd, zmq.POLLIN)
         while not self.ctx.stopping.is_set():
             events = dict(poller.poll(TICK_MS))
             if self.server.socket in events:
                 self._drain_requests()
             if self.flusher in events:
                 self._drain_flush_replies()
+            if self.reads.wakeup_fd in events:
+                self.reads.on_completions()
             self._tick(now_ms())
         self._drain_on_shutdown()
 
@@ -119,6 +128,12 @@ class Shard:
                 self.server.reply(incoming, self.ctx.pong())
             elif isinstance(message, messages.Append):
                 self._on_append(incoming, message)
+            elif isinstance(message, messages.Fetch):
+                self.reads.on_fetch(incoming, message)
+            elif isinstance(message, messages.ReleaseFetch):
+                self.reads.on_release(incoming, message)
+            elif isinstance(message, messages.ListOffsets):
+                self.reads.on_list_offsets(incoming, message)
             elif isinstance(message, messages.FlushAll):
                 self._on_flush_all(incoming)
             else:
@@ -151,6 +166,7 @@ class Shard:
             if now >= state.retry_at_ms:
                 self._start_flush(partition, state, now)
         self._expire_pending(now)
+        self.reads.tick(now)
 
     # -- appends -------------------------------------------------------------------------------
 
@@ -163,7 +179,9 @@ class Shard:
             if frame is None:
                 results.append(_error(ErrorCode.invalid_request, "no records for the partition"))
                 continue
-            partition = self._partition(entry)
+            partition = self._partition_for(
+                entry.topic, entry.topic_id, entry.partition, entry.topic_created_ms
+            )
             self.flush_state[(entry.topic, entry.partition)].codec = entry.codec
             found = batches.split_batches(
                 frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
@@ -193,6 +211,7 @@ class Shard:
                 results.append(_error(outcome.error, outcome.message))
                 continue
             if not outcome.duplicate:
+                self.reads.appended(partition)
                 self.unflushed += len(batch.data)
                 metrics.RECORDS_PRODUCED.inc(batch.header.records_count)
                 metrics.BYTES_PRODUCED.inc(len(batch.data))
@@ -246,55 +265,64 @@ class Shard:
             return f"the shard's buffers are full ({self.unflushed} bytes unflushed)"
         return None
 
-    def _partition(self, entry: messages.AppendEntry) -> PartitionLog:
-        key = (entry.topic, entry.partition)
+    def _partition_for(
+        self, topic: str, topic_id: str, index: int, topic_created_ms: int
+    ) -> PartitionLog:
+        """The partition, loaded on first use (for a write or a read)."""
+        key = (topic, index)
         partition = self.partitions.get(key)
-        if partition is not None and partition.topic_id == entry.topic_id:
+        if partition is not None and partition.topic_id == topic_id:
             return partition
         if partition is not None:  # the topic was deleted and created again
             self.unflushed -= partition.close()
             self.storage_failing.discard(key)
-        partition = self._load(entry)
+        partition = self._load(topic, topic_id, index, topic_created_ms)
         self.partitions[key] = partition
-        self.flush_state[key] = FlushState(
-            codec=entry.codec, topic_created_ms=entry.topic_created_ms
-        )
+        self.flush_state[key] = FlushState(topic_created_ms=topic_created_ms)
         return partition
 
-    def _load(self, entry: messages.AppendEntry) -> PartitionLog:
-        kv = self.store.get(self.keys.partition(entry.topic, entry.partition))
+    def _load(self, topic: str, topic_id: str, index: int, topic_created_ms: int) -> PartitionLog:
+        kv = self.store.get(self.keys.partition(topic, index))
         state = records.decode_partition(kv.value) if kv is not None else None
-        if state is None or state.topic_id != entry.topic_id:
-            state = PartitionRecord(topic_id=entry.topic_id)
+        if state is None or state.topic_id != topic_id:
+            state = PartitionRecord(topic_id=topic_id)
         producers = ProducerStates.restore(state.producers)
         high_watermark = adopt_uncommitted(
             self.objects,
             self.coordinator,
             self.config.s3_namespace,
-            entry.topic,
-            entry.topic_id,
-            entry.partition,
+            topic,
+            topic_id,
+            index,
             state.high_watermark,
             producers,
-            topic_created_ms=entry.topic_created_ms,
+            topic_created_ms=topic_created_ms,
+        )
+        committed = CommittedSegments(
+            segment
+            for kv in self.store.get_prefix(self.keys.segments(topic, index))
+            if (segment := records.decode_segment(kv.value)).last_offset < high_watermark
         )
         log.info(
             "partition loaded",
             extra={
-                "topic": entry.topic,
-                "partition": entry.partition,
+                "topic": topic,
+                "partition": index,
                 "high_watermark": high_watermark,
+                "segments": len(committed),
             },
         )
         return PartitionLog(
-            entry.topic,
-            entry.topic_id,
-            entry.partition,
+            topic,
+            topic_id,
+            index,
             high_watermark,
             producers,
             self.config.segment_bytes,
             self.config.flush_interval_ms,
             self._new_buffer,
+            segments=committed,
+            log_start_offset=state.log_start_offset,
         )
 
     def _new_buffer(self, capacity: int, base_offset: int) -> PartitionBuffer:
@@ -342,7 +370,11 @@ class Shard:
             return  # an answer to an attempt given up on, or for a partition reloaded since
         state.in_flight = -1
         if reply.committed:
+            segment = partition.sealed[0]
+            chunk = segment.whole() if self.reads.segments.capacity >= segment.size else None
             self.unflushed -= partition.flushed(reply.high_watermark)
+            if reply.segment is not None:
+                self.reads.flushed(partition, chunk, reply.segment)
             state.failures, state.last_error = 0, None
             self.storage_failing.discard(key)
             if reply.upload_ms > self.config.s3_latency_threshold_ms:
@@ -430,6 +462,7 @@ class Shard:
             partition.close()
 
     def close(self) -> None:
+        self.reads.close()
         self.server.close()
         self.flusher.close(linger=0)
         self.coordinator.close()
@@ -448,7 +481,7 @@ def run(ctx: ChildContext) -> None:
     if stale:
         log.warning("removed buffers of a previous incarnation", extra={"segments": stale})
     store = open_metadata_store(ctx.config)
-    objects = open_object_store(ctx.config)
+    objects = MeteredObjectStore(open_object_store(ctx.config))
     shard = Shard(ctx, store, objects)
     try:
         ctx.ready()

@@ -129,7 +129,17 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
     advertised = {
         int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys
     }
-    assert advertised == {0: (0, 11), 18: (0, 4), 3: (0, 12), 19: (2, 7), 20: (1, 6), 22: (0, 5)}
+    assert advertised == {
+        0: (0, 11),
+        1: (4, 17),
+        2: (1, 9),
+        3: (0, 12),
+        18: (0, 4),
+        19: (2, 7),
+        20: (1, 6),
+        22: (0, 5),
+        23: (2, 4),
+    }
 
 
 def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
@@ -140,7 +150,7 @@ def test_api_versions_newer_than_ours_gets_the_v0_answer_kip_511() -> None:
     correlation_id, response = decode_response(response_frame, 18, 0)
     assert correlation_id == 77
     assert response.error_code == ErrorCode.unsupported_version
-    assert {int(k.api_key) for k in response.api_keys} == {0, 3, 18, 19, 20, 22}
+    assert {int(k.api_key) for k in response.api_keys} == {0, 1, 2, 3, 18, 19, 20, 22, 23}
 
 
 def test_api_versions_with_invalid_software_name_is_invalid_request() -> None:

@@ -1,0 +1,129 @@
+"""ListOffsets (key 2), v1-v9 (Kafka 4's range): the offset for a timestamp, per partition.
+
+Special timestamps: -1 latest (the high watermark, or the log end when unflushed data is served),
+-2 earliest (the log start), -3 (v7+) the first record with the largest timestamp, -4 (v8+)
+earliest local = earliest (all of the log is equally "local"), -5 (v9+) latest tiered: no offset,
+as Kafka answers for a topic without tiered storage. A timestamp >= 0 finds the first offset whose
+record has a timestamp >= it, reading at most the one segment that holds it; none gives offset -1.
+Each partition is answered by the shard that owns it. The isolation level is accepted: without
+transactions the last stable offset is the high watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from kafscale.frontend.context import RequestContext
+from kafscale.ipc import messages
+from kafscale.ipc.messages import OffsetAnswer, OffsetQuery
+from kafscale.ipc.rpc import RpcError
+from kafscale.metadata.records import TopicRecord
+from kafscale.protocol.codec import build, nested, response_schema
+from kafscale.protocol.errors import ErrorCode
+from kafscale.shards.partition import LEADER_EPOCH
+
+API_KEY = 2
+MIN_VERSION, MAX_VERSION = 1, 9
+SHARD_TIMEOUT_S = 30.0
+SPECIAL_LATEST = -1
+# The oldest version that may ask for each special timestamp.
+SPECIAL_SINCE = {-1: 0, -2: 0, -3: 7, -4: 8, -5: 9}
+
+Key = tuple[str, int]
+
+
+async def handle(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.view.snapshot.topics
+    answers: dict[Key, OffsetAnswer] = {}
+    queries: list[tuple[Key, TopicRecord, int, int]] = []
+    for topic in request.topics:
+        record = topics.get(topic.name)
+        for wanted in topic.partitions:
+            key = (topic.name, int(wanted.partition_index))
+            error = check_partition(record, key[1], getattr(wanted, "current_leader_epoch", -1))
+            timestamp = int(wanted.timestamp)
+            if error is None and timestamp < 0 and SPECIAL_SINCE.get(timestamp, 99) > ctx.version:
+                error = ErrorCode.unsupported_version
+            if error is not None:
+                answers[key] = OffsetAnswer(error_code=int(error))
+            else:
+                assert record is not None
+                queries.append((key, record, key[1], timestamp))
+    answers.update(await query(ctx, queries))
+    return _response(ctx, request, answers)
+
+
+def check_partition(
+    record: TopicRecord | None, partition: int, current_epoch: int
+) -> ErrorCode | None:
+    if record is None or not 0 <= partition < record.partitions:
+        return ErrorCode.unknown_topic_or_partition
+    if current_epoch > LEADER_EPOCH:
+        return ErrorCode.unknown_leader_epoch
+    return None
+
+
+async def query(
+    ctx: RequestContext, queries: Sequence[tuple[Key, TopicRecord, int, int]]
+) -> dict[Key, OffsetAnswer]:
+    """Ask the owning shards for ``(key, topic, partition, timestamp)``, all shards at once."""
+    by_shard: dict[int, list[tuple[Key, OffsetQuery]]] = defaultdict(list)
+    for key, record, partition, timestamp in queries:
+        shard = ctx.broker.shards.owner(record.topic_id, partition)
+        by_shard[shard].append(
+            (
+                key,
+                OffsetQuery(
+                    topic=record.name,
+                    topic_id=record.topic_id,
+                    partition=partition,
+                    timestamp=timestamp,
+                    topic_created_ms=record.created_ms,
+                ),
+            )
+        )
+    answers: dict[Key, OffsetAnswer] = {}
+
+    async def ask(shard: int, items: list[tuple[Key, OffsetQuery]]) -> None:
+        request = messages.ListOffsets(queries=[q for _, q in items])
+        try:
+            reply = await ctx.broker.shards.list_offsets(shard, request, SHARD_TIMEOUT_S)
+        except RpcError as exc:
+            for key, _ in items:
+                answers[key] = OffsetAnswer(
+                    error_code=int(ErrorCode.request_timed_out), message=f"shard {shard}: {exc}"
+                )
+            return
+        for (key, _), answer in zip(items, reply.results, strict=True):
+            answers[key] = answer
+
+    await asyncio.gather(*(ask(shard, items) for shard, items in by_shard.items()))
+    return answers
+
+
+def _response(ctx: RequestContext, request: Any, answers: dict[Key, OffsetAnswer]) -> Any:
+    schema = response_schema(API_KEY, ctx.version)
+    assert schema is not None
+    partition_class = nested(schema, "ListOffsetsPartitionResponse")
+    topic_class = nested(schema, "ListOffsetsTopicResponse")
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for wanted in topic.partitions:
+            answer = answers[(topic.name, int(wanted.partition_index))]
+            partitions.append(
+                build(
+                    partition_class,
+                    partition_index=wanted.partition_index,
+                    error_code=ErrorCode(answer.error_code),
+                    timestamp=answer.timestamp,
+                    offset=answer.offset,
+                    leader_epoch=answer.leader_epoch,
+                )
+            )
+        topics.append(build(topic_class, name=topic.name, partitions=tuple(partitions)))
+    return build(schema, topics=tuple(topics), throttle_time=datetime.timedelta(0))

@@ -1,0 +1,146 @@
+"""Reading committed segments from the object store: the blocking half of the read path.
+
+These functions run on the shard's reader threads; they touch nothing but the object store and
+their arguments, and hand back values the shard's loop puts into its caches.
+
+- ``read_index``: the ``.index`` object, parsed.
+- ``read_range``: the batches a fetch at ``offset`` needs, with ranged GETs: from the index entry
+  at or before the offset, a window of about ``max_bytes``; more only when the batch holding the
+  offset is not complete in it (a batch larger than the window, or an index entry far behind).
+- ``read_segment``: a whole segment (read-ahead, timestamp lookups), every CRC verified.
+
+Every batch handed out has had its CRC32C checked: a segment corrupted at rest is reported as
+``CorruptSegment`` naming the object, never served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kafscale.metadata.records import SegmentRecord
+from kafscale.protocol import records
+from kafscale.shards.cache import Chunk
+from kafscale.storage import segment as segments
+from kafscale.storage.objects import ObjectStore
+from kafscale.storage.segment import CorruptSegment, Index
+
+MIN_WINDOW = 64 * 1024  # a ranged GET smaller than this costs about as much as this
+INDEX_SLACK = 32 * 1024  # index entries are ~100 records apart: the target is a bit further on
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    """A committed segment and the keys of its objects."""
+
+    record: SegmentRecord
+    key: str
+    index_key: str
+
+    @classmethod
+    def of(cls, namespace: str, topic: str, partition: int, record: SegmentRecord) -> SegmentRef:
+        base = record.base_offset
+        return cls(
+            record,
+            segments.segment_key(namespace, topic, partition, base),
+            segments.index_key(namespace, topic, partition, base),
+        )
+
+    @property
+    def body_end(self) -> int:
+        return self.record.size - segments.FOOTER_SIZE
+
+
+def read_index(objects: ObjectStore, ref: SegmentRef) -> Index:
+    data = objects.get(ref.index_key)
+    try:
+        return segments.parse_index(data)
+    except CorruptSegment as exc:
+        raise CorruptSegment(f"{ref.index_key}: {exc}") from None
+
+
+def read_segment(objects: ObjectStore, ref: SegmentRef) -> Chunk:
+    """The whole segment as one chunk; raises CorruptSegment if anything fails to verify."""
+    data = objects.get(ref.key)
+    try:
+        parsed = segments.parse_segment(data, verify=True)
+    except CorruptSegment as exc:
+        raise CorruptSegment(f"{ref.key}: {exc}") from None
+    if parsed.base_offset != ref.record.base_offset or parsed.last_offset != ref.record.last_offset:
+        raise CorruptSegment(
+            f"{ref.key}: holds offsets {parsed.base_offset}..{parsed.last_offset}, "
+            f"committed as {ref.record.base_offset}..{ref.record.last_offset}"
+        )
+    start = segments.HEADER_SIZE
+    return Chunk(
+        data=parsed.body,
+        first_offset=parsed.base_offset,
+        starts=tuple(span.position - start for span in parsed.batches),
+        lasts=tuple(span.last_offset for span in parsed.batches),
+        complete=True,
+    )
+
+
+def read_range(
+    objects: ObjectStore, ref: SegmentRef, index: Index | None, offset: int, max_bytes: int
+) -> Chunk:
+    """Whole batches from the one holding ``offset``: at least that one, and the ones after it
+    that arrived in the same window. Raises CorruptSegment."""
+    position = segments.HEADER_SIZE
+    if index is not None and index.entries and index.entries[0].offset <= offset:
+        position = index.lookup(offset)
+    window = max(max_bytes, MIN_WINDOW) + INDEX_SLACK
+    start, buf, at = position, b"", 0  # buf: object bytes from ``start``; at: the batch looked at
+    while True:
+        if len(buf) - at < segments.BATCH_HEADER_SIZE:
+            start, buf, at = start + at, buf[at:], 0
+            buf = _extend(objects, ref, start, buf, window)
+        header = records.read_header(buf, at)
+        if header.magic != 2 or header.size < segments.BATCH_HEADER_SIZE:
+            raise CorruptSegment(f"{ref.key}: no record batch at position {start + at}")
+        if header.last_offset < offset:  # before the one we need: skip it, read or not
+            at += header.size
+            if at > len(buf):
+                start, buf, at = start + at, b"", 0
+            continue
+        if at + header.size > len(buf):
+            buf = _extend(objects, ref, start, buf, at + header.size - len(buf))
+        return _chunk(ref, start + at, memoryview(buf)[at:])
+
+
+def _extend(objects: ObjectStore, ref: SegmentRef, start: int, buf: bytes, more: int) -> bytes:
+    """``buf`` (the object's bytes from ``start``) and up to ``more`` bytes after it."""
+    position = start + len(buf)
+    length = min(more, ref.body_end - position)
+    if length <= 0:
+        raise CorruptSegment(f"{ref.key}: a batch runs past the end of the batches")
+    got = objects.get(ref.key, position, length)
+    if len(got) != length:
+        raise CorruptSegment(
+            f"{ref.key}: {len(got)} bytes at position {position}, expected {length} "
+            f"(the object is shorter than its committed size {ref.record.size})"
+        )
+    return buf + got if buf else got
+
+
+def _chunk(ref: SegmentRef, position: int, data: memoryview) -> Chunk:
+    """The whole batches at the start of ``data`` (read from ``position``), CRCs checked."""
+    starts: list[int] = []
+    lasts: list[int] = []
+    end = 0
+    while end + segments.BATCH_HEADER_SIZE <= len(data):
+        header = records.read_header(data, end)
+        if header.magic != 2 or end + header.size > len(data):
+            break
+        batch = data[end : end + header.size]
+        if segments.batch_crc(batch) != header.crc:
+            raise CorruptSegment(
+                f"{ref.key}: batch at position {position + end} "
+                f"(offsets {header.base_offset}..{header.last_offset}) fails its CRC32C"
+            )
+        starts.append(end)
+        lasts.append(header.last_offset)
+        end += header.size
+    if not starts:
+        raise CorruptSegment(f"{ref.key}: no whole batch at position {position}")
+    first = records.read_header(data, 0).base_offset
+    return Chunk(data[:end], first, tuple(starts), tuple(lasts), complete=False)
