@@ -21,8 +21,10 @@ served) re-run the fetches parked on it; so does ``ReleaseFetch`` from the front
 shard already had enough) and the deadline. Nothing polls: an idle consumer costs a dict entry.
 
 S3 health: a failed read refuses every fetch that needs S3 at once (KAFKA_STORAGE_ERROR, which
-clients retry) for ``READ_BACKOFF_MS``; then one read goes through as a probe and its outcome
-closes or reopens the gate. Cached and buffered data is served throughout.
+every client retries silently) for ``READ_BACKOFF_MS``; then one read goes through as a probe and
+its outcome closes or reopens the gate. Cached and buffered data is served throughout. A fetch
+whose only news is that error is answered at its deadline (``max_wait_ms``), not at once, so
+clients that retry without a backoff do not spin.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ READ_BACKOFF_MS = 1000
 MAX_READAHEADS = 4  # whole-segment prefetches in flight per shard
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
+# The retriable error of a read the object store cannot serve now. Every client retries it
+# without telling the application, but Java and aiokafka at once (no backoff): so a fetch with
+# only this to say waits out its max_wait_ms like an empty one instead of answering at once.
+RETRY_LATER = ErrorCode.kafka_storage_error
 
 SegmentKey = tuple[str, int, int]  # topic id, partition, segment base offset
 PartitionKey = tuple[str, int]  # topic id, partition
@@ -250,6 +256,7 @@ class ReadPath:
                 if index is None and fetched_index is not None:
                     self.indexes.put(key, fetched_index, max(segment.index_size, 1))
                     self._gauges()
+                self._healthy()
                 self._store(key, chunk)
                 part.chunk = chunk
                 self._read_ahead(partition, segment)
@@ -276,7 +283,7 @@ class ReadPath:
         now = self.now()
         if (
             used >= op.request.min_bytes
-            or any(part.error for part in op.parts)
+            or any(part.error not in (ErrorCode.none, RETRY_LATER) for part in op.parts)
             or op.released
             or now >= op.deadline_ms
         ):
@@ -399,6 +406,7 @@ class ReadPath:
                 self._read_failed(failed, ref, error)
                 op.answers[i] = _error(failed.error, failed.message)
             else:
+                self._healthy()
                 self._store(key, result)
                 op.answers[i] = _in_chunk(result, target, exact=find_max)
             if op.reading == 0:
@@ -492,6 +500,7 @@ class ReadPath:
 
     def _read_failed(self, part: Part, ref: SegmentRef, error: BaseException | None) -> None:
         part.error = ErrorCode.kafka_storage_error
+        self._probing = False  # whatever the probe found, the next read may probe again
         if isinstance(error, ObjectStoreError) and not isinstance(error, ObjectNotFound):
             part.message = f"cannot read {ref.key}: {error}"
             if not self._degraded:

@@ -50,11 +50,15 @@ class JavaProbe:
             raise ValueError(f"version_label must be one of {JAVA_CLIENT_VERSIONS}")
         return f"{self.target / 'probe' / 'classes'}{os.pathsep}{self._lib(version_label)}/*"
 
+    def argv(self, version_label: str, *args: str) -> list[str]:
+        """The command line that runs `KafscaleProbe ARGS...` (for callers that stream output)."""
+        return [self.java, *JVM_FLAGS, "-cp", self.classpath(version_label), PROBE_MAIN, *args]
+
     def __call__(
         self, version_label: str, *args: str, timeout: float = PROBE_TIMEOUT
     ) -> subprocess.CompletedProcess[str]:
         __tracebackhide__ = True
-        argv = [self.java, *JVM_FLAGS, "-cp", self.classpath(version_label), PROBE_MAIN, *args]
+        argv = self.argv(version_label, *args)
         try:
             return subprocess.run(
                 argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL

@@ -177,7 +177,8 @@ def _take(
         if result.size:
             slot.records = next(frames).buffer
             got += result.size
-        failed = failed or result.error_code != 0
+        # a storage error waits out the deadline (see kafscale.shards.reader), others do not
+        failed = failed or result.error_code not in (0, ErrorCode.kafka_storage_error)
     return got, failed
 
 

@@ -10,7 +10,8 @@ import java.util.concurrent.ExecutionException;
  * A real Kafka Java client driven from KafScale's Python tests.
  *
  * <p>Usage: {@code KafscaleProbe COMMAND [--option value ...]}. Every command prints one JSON
- * document on stdout and exits 0; on failure it prints one JSON line
+ * document on stdout and exits 0 (except {@code consume}, which streams JSON lines: see
+ * {@link RecordCommands#consume}); on failure it prints one JSON line
  * {@code {"error": CLASS, "message": ...}} and the stack trace on stderr and exits 1 (2 for a usage
  * error). Kafka's own logging goes to stderr at WARN unless {@code KAFSCALE_PROBE_LOG_LEVEL} says
  * otherwise, so stdout stays machine-readable. JSON keys are camelCase, as in the Java API
@@ -36,6 +37,8 @@ public final class KafscaleProbe {
         COMMANDS.put("create-topic", AdminCommands::createTopic);
         COMMANDS.put("delete-topic", AdminCommands::deleteTopic);
         COMMANDS.put("produce", ProduceCommands::produce);
+        COMMANDS.put("produce-records", RecordCommands::produceRecords);
+        COMMANDS.put("consume", RecordCommands::consume);
     }
 
     private KafscaleProbe() {}
