@@ -350,7 +350,7 @@ class ReadPath:
             # Nothing is "tiered" apart from the log itself: Kafka answers a topic without tiered
             # storage with no offset.
             op.answers[i] = messages.OffsetAnswer()
-        elif timestamp < 0:
+        elif timestamp < 0 and timestamp != MAX_TIMESTAMP:
             op.answers[i] = messages.OffsetAnswer(
                 error_code=int(ErrorCode.invalid_request),
                 message=f"unknown special timestamp {timestamp}",

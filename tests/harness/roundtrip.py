@@ -142,7 +142,7 @@ class ConfluentKafka:
                 if error is not None:
                     errors.append(f"#{index}: {error}")
                 else:
-                    acks[index] = Ack(message.partition(), message.offset())
+                    acks[index] = Ack(int(message.partition() or 0), int(message.offset() or 0))
 
             return report
 
@@ -216,17 +216,7 @@ class ConfluentKafka:
                             raise HarnessError(f"confluent-kafka consume: {error}")
                         waiting.discard((message.topic(), message.partition()))
                         continue
-                    received.append(
-                        Consumed(
-                            topic=message.topic(),
-                            partition=message.partition(),
-                            offset=message.offset(),
-                            key=message.key(),
-                            value=message.value(),
-                            headers=tuple(message.headers() or ()),
-                            timestamp=message.timestamp()[1],
-                        )
-                    )
+                    received.append(_from_librdkafka(message))
                 if on_ready is not None and not waiting:
                     on_ready()
                     on_ready = None
@@ -237,7 +227,19 @@ class ConfluentKafka:
             consumer.close()
 
 
-# --- aiokafka --------------------------------------------------------------------------------------
+def _from_librdkafka(message: Any) -> Consumed:
+    return Consumed(
+        topic=message.topic(),
+        partition=message.partition(),
+        offset=message.offset(),
+        key=message.key(),
+        value=message.value(),
+        headers=tuple(message.headers() or ()),
+        timestamp=message.timestamp()[1],
+    )
+
+
+# --- aiokafka ------------------------------------------------------------------------------------
 
 
 class AioKafka:
@@ -339,7 +341,7 @@ class AioKafka:
         return asyncio.run(run())
 
 
-# --- kafka-python ----------------------------------------------------------------------------------
+# --- kafka-python -------------------------------------------------------------------------------
 
 
 class KafkaPython:
@@ -516,7 +518,8 @@ class Kcat:
             by_partition.setdefault(record.partition, []).append(index)
         for partition, indexes in by_partition.items():
             run = [records[i] for i in indexes]
-            for ack_index, offset in zip(indexes, self._produce_run(bootstrap, topic, run, codec)):
+            offsets = self._produce_run(bootstrap, topic, run, codec)
+            for ack_index, offset in zip(indexes, offsets, strict=True):
                 acks[ack_index] = Ack(partition, offset)
         return _missing_acks(self.name, acks)
 
@@ -620,7 +623,7 @@ def _escape(delimiter: bytes) -> str:
 def _delimiters(run: Sequence[Record]) -> tuple[bytes, bytes]:
     """A message delimiter found in no key or value, and a key delimiter found in no key (nor in
     the value of a record without key, where kcat would split the value)."""
-    for attempt in range(100):
+    for _ in range(100):
         delimiter, key_delimiter = os.urandom(8), os.urandom(8)
         if b"\0" in delimiter + key_delimiter:  # passed as C strings
             continue
@@ -629,7 +632,7 @@ def _delimiters(run: Sequence[Record]) -> tuple[bytes, bytes]:
         if any(key_delimiter in (r.key if r.key is not None else r.value) for r in run):
             continue
         return delimiter, key_delimiter
-    raise HarnessError(f"no delimiter found after {attempt + 1} attempts")
+    raise HarnessError("no delimiter absent from the records after 100 attempts")
 
 
 # --- Java kafka-clients (the probe) ---------------------------------------------------------------
