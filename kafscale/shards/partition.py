@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 LEADER_EPOCH = 0  # one leader epoch until partitions move between brokers
 
 
+class StaleTopic(Exception):
+    """A request names a deleted topic that a newer topic of the same name has replaced."""
+
+
 @dataclass
 class BufferedSegment:
     """A buffer's worth of batches: open for appends, then sealed and flushed."""

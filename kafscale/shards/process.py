@@ -28,7 +28,7 @@ from kafscale.metadata.records import Keys, PartitionRecord
 from kafscale.metadata.store import MetadataStore
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
-from kafscale.shards.partition import PartitionLog
+from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.producers import ProducerStates
 from kafscale.shards.reader import ReadPath
 from kafscale.shards.recovery import adopt_uncommitted
@@ -179,9 +179,13 @@ class Shard:
             if frame is None:
                 results.append(_error(ErrorCode.invalid_request, "no records for the partition"))
                 continue
-            partition = self._partition_for(
-                entry.topic, entry.topic_id, entry.partition, entry.topic_created_ms
-            )
+            try:
+                partition = self._partition_for(
+                    entry.topic, entry.topic_id, entry.partition, entry.topic_created_ms
+                )
+            except StaleTopic as exc:
+                results.append(_error(ErrorCode.unknown_topic_or_partition, str(exc)))
+                continue
             self.flush_state[(entry.topic, entry.partition)].codec = entry.codec
             found = batches.split_batches(
                 frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
@@ -219,7 +223,7 @@ class Shard:
                 messages.AppendResult(
                     base_offset=outcome.base_offset,
                     log_append_time=outcome.log_append_time,
-                    log_start_offset=0,
+                    log_start_offset=partition.log_start_offset,
                 )
             )
             if outcome.last_offset >= partition.high_watermark:
@@ -273,6 +277,10 @@ class Shard:
         partition = self.partitions.get(key)
         if partition is not None and partition.topic_id == topic_id:
             return partition
+        if partition is not None and topic_created_ms < self.flush_state[key].topic_created_ms:
+            # A request from a view that has not yet seen the topic re-created: never let it
+            # replace (and drop the buffers of) the newer topic.
+            raise StaleTopic(f"topic {topic} (id {topic_id}) was deleted")
         if partition is not None:  # the topic was deleted and created again
             self.unflushed -= partition.close()
             self.storage_failing.discard(key)

@@ -48,7 +48,7 @@ from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards import reads
 from kafscale.shards.cache import ByteLRU, Chunk
-from kafscale.shards.partition import LEADER_EPOCH, PartitionLog
+from kafscale.shards.partition import LEADER_EPOCH, PartitionLog, StaleTopic
 from kafscale.shards.reads import SegmentRef
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.storage.segment import CorruptSegment, Index
@@ -67,7 +67,8 @@ RETRY_LATER = ErrorCode.kafka_storage_error
 
 SegmentKey = tuple[str, int, int]  # topic id, partition, segment base offset
 PartitionKey = tuple[str, int]  # topic id, partition
-# Loads (or returns) the partition a request names: (topic, topic id, partition, created ms).
+# Loads (or returns) the partition a request names: (topic, topic id, partition, created ms);
+# raises StaleTopic when that topic is gone.
 PartitionFor = Callable[[str, str, int, int], PartitionLog]
 T = TypeVar("T")
 
@@ -422,6 +423,8 @@ class ReadPath:
     ) -> PartitionLog | messages.OffsetAnswer:
         try:
             return self.partition_for(topic, topic_id, partition, query.topic_created_ms)
+        except StaleTopic as exc:
+            return _error(ErrorCode.unknown_topic_or_partition, str(exc))
         except Exception as exc:  # a partition that cannot load is that partition's error
             log.exception("cannot load partition", extra={"topic": topic, "partition": partition})
             return _error(ErrorCode.kafka_storage_error, f"cannot load the partition: {exc}")
