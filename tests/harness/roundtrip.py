@@ -239,6 +239,11 @@ def _from_librdkafka(message: Any) -> Consumed:
     )
 
 
+def _from_python_client(m: Any) -> Consumed:
+    """aiokafka's and kafka-python's ConsumerRecord (the same attribute names)."""
+    return Consumed(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers), m.timestamp)
+
+
 # --- aiokafka ------------------------------------------------------------------------------------
 
 
@@ -322,18 +327,7 @@ class AioKafka:
                 while len(received) < count and time.monotonic() < deadline:
                     batches = await consumer.getmany(timeout_ms=200)
                     for messages in batches.values():
-                        received.extend(
-                            Consumed(
-                                topic=m.topic,
-                                partition=m.partition,
-                                offset=m.offset,
-                                key=m.key,
-                                value=m.value,
-                                headers=tuple(m.headers),
-                                timestamp=m.timestamp,
-                            )
-                            for m in messages
-                        )
+                        received.extend(map(_from_python_client, messages))
                 return received
             finally:
                 await consumer.stop()
@@ -417,18 +411,7 @@ class KafkaPython:
             deadline = time.monotonic() + timeout
             while len(received) < count and time.monotonic() < deadline:
                 for messages in consumer.poll(timeout_ms=200).values():
-                    received.extend(
-                        Consumed(
-                            topic=m.topic,
-                            partition=m.partition,
-                            offset=m.offset,
-                            key=m.key,
-                            value=m.value,
-                            headers=tuple(m.headers),
-                            timestamp=m.timestamp,
-                        )
-                        for m in messages
-                    )
+                    received.extend(map(_from_python_client, messages))
             return received
         finally:
             consumer.close(autocommit=False)
