@@ -202,9 +202,16 @@ def still_alive(procs: Iterable[Proc]) -> list[Proc]:
     return [p for p in procs if p.alive]
 
 
-def kill_all(procs: Iterable[Proc]) -> None:
-    """SIGKILL each process that is still the one we saw (same start time)."""
+def kill_all(procs: Iterable[Proc], wait: float = 5.0) -> None:
+    """SIGKILL each process that is still the one we saw (same start time), and wait (up to
+    ``wait`` seconds) until they are gone: the signal is delivered asynchronously, and a busy
+    machine may take a moment to end a process."""
+    killed = []
     for proc in procs:
         if proc.alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(proc.pid, signal.SIGKILL)
+                killed.append(proc)
+    deadline = time.monotonic() + wait
+    while any(proc.alive for proc in killed) and time.monotonic() < deadline:
+        time.sleep(0.01)
