@@ -55,6 +55,14 @@ class Coordinator(Protocol):
 
     async def allocate_producer_id(self) -> int: ...
 
+    async def call(self, request: messages.Message, timeout: float = ...) -> messages.Message:
+        """Any request the coordinator serves; raises RpcError when it cannot be reached."""
+        ...
+
+    async def caught_up(self, revision: int) -> None:
+        """Wait until the view holds ``revision``."""
+        ...
+
 
 class Shards(Protocol):
     """The write path to the shard processes (``kafscale.frontend.shards``)."""

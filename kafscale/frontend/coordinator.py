@@ -16,6 +16,7 @@ from kafscale.ipc.messages import (
     AllocateProducerId,
     CreateTopics,
     DeleteTopics,
+    Message,
     ProducerIdAllocated,
     TopicResult,
     TopicResults,
@@ -48,6 +49,19 @@ class CoordinatorClient:
         request = DeleteTopics(names=list(names), topic_ids=list(topic_ids))
         return await self._call(request, [*names, *(None for _ in topic_ids)])
 
+    async def call(self, request: Message, timeout: float = TIMEOUT_SECONDS) -> Message:
+        """The coordinator's reply to any request it serves; raises RpcError when it cannot be
+        reached in time."""
+        reply = await self.rpc.call(request, timeout=timeout)
+        return reply.message
+
+    async def caught_up(self, revision: int) -> None:
+        """Wait until this frontend's view holds ``revision`` (a write the coordinator made)."""
+        if revision and not await asyncio.to_thread(
+            self.view.wait_for_revision, revision, TIMEOUT_SECONDS
+        ):
+            log.warning("metadata view lags the coordinator", extra={"revision": revision})
+
     async def allocate_producer_id(self) -> int:
         """A new producer id, or -1 when the coordinator cannot be reached."""
         try:
@@ -77,12 +91,5 @@ class CoordinatorClient:
             ]
         if not isinstance(reply.message, TopicResults):
             raise RpcError(f"unexpected reply from the coordinator: {reply.message!r}")
-        if reply.message.revision:
-            caught_up = await asyncio.to_thread(
-                self.view.wait_for_revision, reply.message.revision, TIMEOUT_SECONDS
-            )
-            if not caught_up:
-                log.warning(
-                    "metadata view lags the coordinator", extra={"revision": reply.message.revision}
-                )
+        await self.caught_up(reply.message.revision)
         return reply.message.results
