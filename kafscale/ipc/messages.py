@@ -292,6 +292,186 @@ class ProducerIdAllocated(Message, frozen=True):
     producer_id: int
 
 
+# -- consumer groups and committed offsets (frontend -> coordinator) ----------------------------
+
+
+class JoinGroup(Message, frozen=True):
+    group_id: str
+    member_id: str  # "" for a member joining for the first time
+    group_instance_id: str | None  # static membership (KIP-345)
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]  # (name, metadata), in the member's preference order
+    require_known_member_id: bool  # JoinGroup v4+: a new member first gets MEMBER_ID_REQUIRED
+    reason: str | None = None
+
+
+class GroupMember(msgspec.Struct, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+class JoinGroupResult(Message, frozen=True):
+    error_code: int
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    skip_assignment: bool = False
+    member_id: str = ""
+    members: list[GroupMember] = msgspec.field(default_factory=list)  # for the leader only
+
+
+class SyncGroup(Message, frozen=True):
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    protocol_type: str | None
+    protocol_name: str | None
+    assignments: list[tuple[str, bytes]]  # from the leader: (member id, assignment)
+
+
+class SyncGroupResult(Message, frozen=True):
+    error_code: int
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+class Heartbeat(Message, frozen=True):
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+
+
+class LeavingMember(msgspec.Struct, frozen=True):
+    member_id: str
+    group_instance_id: str | None = None
+    reason: str | None = None
+
+
+class LeaveGroup(Message, frozen=True):
+    group_id: str
+    members: list[LeavingMember]
+
+
+class LeaveGroupResult(Message, frozen=True):
+    error_code: int
+    members: list[tuple[str, str | None, int]] = msgspec.field(default_factory=list)
+
+
+class GroupError(Message, frozen=True):
+    """A bare error code: the answer to Heartbeat, and to any group request that failed whole."""
+
+    error_code: int
+
+
+class PartitionOffset(msgspec.Struct, frozen=True):
+    topic: str
+    partition: int
+    offset: int = -1
+    leader_epoch: int = -1
+    metadata: str | None = ""
+    error_code: int = 0
+
+
+class OffsetCommit(Message, frozen=True):
+    group_id: str
+    generation_id: int  # -1 with member id "": a simple consumer (assign()) or an admin
+    member_id: str
+    group_instance_id: str | None
+    offsets: list[PartitionOffset]
+
+
+class OffsetCommitResult(Message, frozen=True):
+    error_codes: list[int]  # per offset, in request order
+
+
+class GroupOffsetsQuery(msgspec.Struct, frozen=True):
+    group_id: str
+    partitions: list[tuple[str, int]] | None  # None: every partition with a committed offset
+
+
+class OffsetFetch(Message, frozen=True):
+    groups: list[GroupOffsetsQuery]
+    require_stable: bool = False
+
+
+class GroupOffsets(msgspec.Struct, frozen=True):
+    group_id: str
+    error_code: int
+    offsets: list[PartitionOffset]
+
+
+class OffsetFetchResult(Message, frozen=True):
+    groups: list[GroupOffsets]
+
+
+class DescribeGroups(Message, frozen=True):
+    group_ids: list[str]
+
+
+class MemberDescription(msgspec.Struct, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+class GroupDescription(msgspec.Struct, frozen=True):
+    group_id: str
+    error_code: int
+    state: str
+    protocol_type: str
+    protocol: str
+    members: list[MemberDescription]
+
+
+class GroupsDescribed(Message, frozen=True):
+    groups: list[GroupDescription]
+
+
+class ListGroups(Message, frozen=True):
+    states: list[str] = msgspec.field(default_factory=list)  # empty: every state
+    types: list[str] = msgspec.field(default_factory=list)  # empty: every type
+
+
+class GroupListing(msgspec.Struct, frozen=True):
+    group_id: str
+    protocol_type: str
+    state: str
+
+
+class GroupsListed(Message, frozen=True):
+    groups: list[GroupListing]
+
+
+class DeleteGroups(Message, frozen=True):
+    group_ids: list[str]
+
+
+class GroupsDeleted(Message, frozen=True):
+    results: list[tuple[str, int]]  # (group id, error code)
+
+
+class OffsetDelete(Message, frozen=True):
+    group_id: str
+    partitions: list[tuple[str, int]]
+
+
+class OffsetsDeleted(Message, frozen=True):
+    error_code: int
+    results: list[tuple[str, int, int]] = msgspec.field(default_factory=list)
+
+
 AnyMessage = (
     Ready
     | BootFailed
@@ -311,6 +491,26 @@ AnyMessage = (
     | ProducerIdAllocated
     | FlushAll
     | FlushedAll
+    | JoinGroup
+    | JoinGroupResult
+    | SyncGroup
+    | SyncGroupResult
+    | Heartbeat
+    | LeaveGroup
+    | LeaveGroupResult
+    | GroupError
+    | OffsetCommit
+    | OffsetCommitResult
+    | OffsetFetch
+    | OffsetFetchResult
+    | DescribeGroups
+    | GroupsDescribed
+    | ListGroups
+    | GroupsListed
+    | DeleteGroups
+    | GroupsDeleted
+    | OffsetDelete
+    | OffsetsDeleted
     | Fetch
     | Fetched
     | ReleaseFetch

@@ -11,11 +11,16 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
                                          removed; the name cannot be re-created until it is gone
     /kafscale/{ns}/partitions/{topic}/{p}            PartitionRecord: the committed log state
     /kafscale/{ns}/segments/{topic}/{p}/{base:020d}  SegmentRecord, one per committed segment
+    /kafscale/{ns}/groups/{group}        GroupRecord: a consumer group as of its last rebalance
+    /kafscale/{ns}/offsets/{group}/{topic}/{p}       OffsetRecord: a committed offset
+
+Group ids may hold any character, so in keys they are percent-encoded (``/`` included).
 """
 
 from __future__ import annotations
 
 import base64
+import urllib.parse
 import uuid
 
 import msgspec
@@ -62,6 +67,36 @@ class SegmentRecord(msgspec.Struct, frozen=True):
     created_ms: int
 
 
+class MemberRecord(msgspec.Struct, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+
+
+class GroupRecord(msgspec.Struct, frozen=True):
+    """A group's membership and assignment as of its last completed rebalance (or its empty
+    state): what lets members carry on after a coordinator restart without rejoining."""
+
+    group_id: str
+    protocol_type: str
+    protocol: str | None
+    generation: int
+    leader: str | None
+    members: list[MemberRecord] = msgspec.field(default_factory=list)
+
+
+class OffsetRecord(msgspec.Struct, frozen=True):
+    offset: int
+    leader_epoch: int = -1
+    metadata: str | None = ""
+    commit_ms: int = 0
+
+
 class Keys:
     """Key names of one cluster namespace."""
 
@@ -97,6 +132,34 @@ class Keys:
     def topic_segments(self, topic: str) -> str:
         return f"{self.root}segments/{topic}/"
 
+    @property
+    def groups(self) -> str:
+        return self.root + "groups/"
+
+    def group(self, group_id: str) -> str:
+        return self.groups + _escape(group_id)
+
+    @property
+    def offsets(self) -> str:
+        return self.root + "offsets/"
+
+    def group_offsets(self, group_id: str) -> str:
+        return f"{self.offsets}{_escape(group_id)}/"
+
+    def offset(self, group_id: str, topic: str, partition: int) -> str:
+        return f"{self.group_offsets(group_id)}{topic}/{partition}"
+
+    def parse_offset(self, key: str) -> tuple[str, str, int] | None:
+        """(group, topic, partition) of an offset key, or None."""
+        parts = key[len(self.offsets) :].split("/")
+        if not key.startswith(self.offsets) or len(parts) != 3 or not parts[2].isdigit():
+            return None
+        return urllib.parse.unquote(parts[0]), parts[1], int(parts[2])
+
+
+def _escape(group_id: str) -> str:
+    return urllib.parse.quote(group_id, safe="")
+
 
 def new_cluster_id() -> str:
     """A Kafka-style cluster id: a random UUID as 22 characters of unpadded URL-safe base64."""
@@ -120,3 +183,11 @@ def decode_partition(data: bytes) -> PartitionRecord:
 
 def decode_segment(data: bytes) -> SegmentRecord:
     return msgspec.json.decode(data, type=SegmentRecord)
+
+
+def decode_group(data: bytes) -> GroupRecord:
+    return msgspec.json.decode(data, type=GroupRecord)
+
+
+def decode_offset(data: bytes) -> OffsetRecord:
+    return msgspec.json.decode(data, type=OffsetRecord)
