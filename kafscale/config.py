@@ -203,6 +203,24 @@ SETTINGS: tuple[Setting, ...] = (
         "auto_create_partitions", "1", _int_in(1, 100_000), "Partitions of an auto-created topic"
     ),
     Setting(
+        "group_initial_rebalance_delay_ms",
+        "3000",
+        _int_in(0, 300_000),
+        "How long the first rebalance of an empty group waits for more members",
+    ),
+    Setting(
+        "group_min_session_timeout_ms",
+        "6000",
+        _int_in(1, 3_600_000),
+        "Smallest session timeout a consumer may ask for",
+    ),
+    Setting(
+        "group_max_session_timeout_ms",
+        "1800000",
+        _int_in(1, 3_600_000),
+        "Largest session timeout a consumer may ask for",
+    ),
+    Setting(
         "fetch_unflushed",
         "false",
         parse_bool,
@@ -269,6 +287,9 @@ class Config:
     compression_codec: str
     auto_create_topics: bool
     auto_create_partitions: int
+    group_initial_rebalance_delay_ms: int
+    group_min_session_timeout_ms: int
+    group_max_session_timeout_ms: int
     fetch_unflushed: bool
     buffer_bytes: int
     s3_latency_threshold_ms: int

@@ -107,3 +107,19 @@ S3_GET_SECONDS = Histogram(
     "Object store GET latency",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+
+# -- consumer groups -----------------------------------------------------------------------------
+GROUPS = Gauge(
+    "kafscale_groups", "Consumer groups by state", ["state"], multiprocess_mode="livemax"
+)
+GROUP_MEMBERS = Gauge(
+    "kafscale_group_members", "Members of consumer groups", multiprocess_mode="livemax"
+)
+REBALANCES = Counter("kafscale_group_rebalances", "Completed group rebalances (join phases)")
+OFFSET_COMMITS = Counter("kafscale_offset_commits", "Partition offsets committed by groups")
+CONSUMER_LAG = Gauge(
+    "kafscale_consumer_lag",
+    "High watermark minus the group's committed offset",
+    ["group", "topic", "partition"],
+    multiprocess_mode="livemax",
+)

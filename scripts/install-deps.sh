@@ -3,7 +3,8 @@
 #   apt     etcd-server, etcd-client, kcat (and a JDK + Maven if missing)
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
 #   python  .venv with `pip install -e '.[test]'`
-#   java    the kafka-clients probe, tests/java/target (see tests/java/pom.xml)
+#   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
+#           tests/java/pom.xml)
 # Usage: scripts/install-deps.sh [STEP...]   (default: every step, in the order above)
 # Idempotent: each step checks a stamp or the installed state first and is a no-op when current,
 # so a rerun takes seconds. Safe under `set -euo pipefail`, CI=true and no stdin. Runs are
@@ -178,9 +179,12 @@ install_java() {
                 \( -name pom.xml -o -path '*/src/*' \) -print | sha_of_files
         } | sha256sum | cut -d' ' -f1
     )"
-    if [[ -f $stamp && $(<"$stamp") == "$key" && -d $target/probe/classes &&
-        -d $target/lib-3.9 && -d $target/lib-4 ]]; then
-        say java "probe up to date in $target"
+    # The key covers every module's pom.xml (a new or changed module rebuilds) and the probe's
+    # sources; the directories are checked too, in case one was removed by hand.
+    local dir built=1
+    for dir in probe/classes lib-3.9 lib-4 tools-4; do [[ -d $target/$dir ]] || built=0; done
+    if [[ -f $stamp && $(<"$stamp") == "$key" && $built -eq 1 ]]; then
+        say java "probe and tools up to date in $target"
         return
     fi
     local log="$LOGS/mvn.log"
@@ -190,7 +194,8 @@ install_java() {
         die java "mvn package in $JAVA_DIR" "$log"
     fi
     printf '%s\n' "$key" >"$stamp"
-    say java "built probe, $(cd "$target" && echo lib-*/kafka-clients-*.jar)"
+    say java "built probe and tools, $(cd "$target" &&
+        echo lib-*/kafka-clients-*.jar tools-4/kafka-tools-[0-9]*.jar)"
 }
 
 # With arguments, only the named steps run (scripts/serve.sh needs just `python`).

@@ -1,9 +1,10 @@
 """Fixtures that run real servers and real clients (see tests/harness/).
 
 Session scope, one set per pytest-xdist worker: `etcd_server`, `s3_server` (MinIO), `java_probe`,
-`kcat`. Function scope: `s3_bucket` (a fresh bucket) and `start_broker` (alias `broker`), a
-factory that starts `kafscale serve` as real processes and checks at teardown that SIGTERM
-stopped all of them.
+`kafka_tools` (Kafka's admin tools), `kcat`. Function scope: `s3_bucket` (a fresh bucket),
+`start_broker` (alias `broker`), a factory that starts `kafscale serve` as real processes and
+checks at teardown that SIGTERM stopped all of them, and `group_consumers`, a factory of
+consumer-group members (any client) whose leftovers are killed at teardown.
 Nothing is skipped when a tool is missing: the fixture fails and says to run
 scripts/install-deps.sh.
 """
@@ -18,6 +19,8 @@ import pytest
 from tests.harness.broker import BrokerFactory, unique_bucket_name
 from tests.harness.clients import JavaProbe, find_java, find_kcat
 from tests.harness.etcd import EtcdServer
+from tests.harness.groups import GroupConsumers
+from tests.harness.kafka_tools import KafkaTools
 from tests.harness.minio import MinioServer
 from tests.harness.procs import HarnessError
 
@@ -95,6 +98,22 @@ def broker(start_broker: BrokerFactory) -> BrokerFactory:
 def java_probe() -> JavaProbe:
     """`java_probe("3.9" | "4", *args) -> CompletedProcess`; `.json(...)` parses stdout."""
     return _or_fail(lambda: JavaProbe(find_java()))
+
+
+@pytest.fixture(scope="session")
+def kafka_tools() -> KafkaTools:
+    """`kafka_tools.run("consumer-groups" | "topics" | "configs", *args) -> CompletedProcess`;
+    `.check(...)` returns stdout of a run that must succeed."""
+    return _or_fail(lambda: KafkaTools(find_java()))
+
+
+@pytest.fixture
+def group_consumers(request: pytest.FixtureRequest) -> Iterator[GroupConsumers]:
+    """`group_consumers.start(client, bootstrap, topics, group, **options) -> GroupConsumer`
+    (see tests/harness/groups.py); members still running at teardown are killed."""
+    factory = GroupConsumers(lambda: request.getfixturevalue("java_probe"))
+    yield factory
+    factory.close()
 
 
 @pytest.fixture(scope="session")

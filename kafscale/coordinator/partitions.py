@@ -24,6 +24,7 @@ class PartitionCommitter:
     def __init__(self, store: MetadataStore, namespace: str) -> None:
         self.store = store
         self.keys = Keys(namespace)
+        self.high_watermarks: dict[tuple[str, int], int] = {}  # as committed by this process
 
     def handle(self, incoming: Incoming) -> SegmentCommitted:
         assert isinstance(incoming.message, CommitSegment)
@@ -92,4 +93,5 @@ class PartitionCommitter:
                 "high_watermark": updated.high_watermark,
             },
         )
+        self.high_watermarks[(request.topic, request.partition)] = updated.high_watermark
         return SegmentCommitted(committed=True, high_watermark=updated.high_watermark)

@@ -1,9 +1,9 @@
 """The coordinator process: the single writer of the cluster's metadata.
 
-It owns the cluster id, this broker's registration and the topics (creation, deletion and the
-removal of a deleted topic's objects); partition states, consumer groups, committed offsets and
-producer ids join it in later milestones. Other processes never
-write metadata: they read the watched view (``kafscale.metadata.view``) or ask the coordinator.
+It owns the cluster id, this broker's registration, the topics (creation, deletion and the
+removal of a deleted topic's objects), partition commits, producer ids, and the consumer groups
+with their committed offsets. Other processes never write metadata: they read the watched view
+(``kafscale.metadata.view``) or ask the coordinator.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from kafscale.storage.metered import MeteredObjectStore
 from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
+from .configs import ConfigAdmin
+from .group_service import TICK_MS, GroupService
+from .groups import GroupSettings
 from .partitions import PartitionCommitter
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistration, ensure_cluster_id
@@ -44,8 +47,25 @@ def run(ctx: ChildContext) -> None:
         registration = BrokerRegistration(store, keys, broker)
         registration.register()
         server = RpcServer(ctx.zmq_context, ctx.address())
+        groups = GroupService(
+            store,
+            config.s3_namespace,
+            server,
+            GroupSettings(
+                min_session_timeout_ms=config.group_min_session_timeout_ms,
+                max_session_timeout_ms=config.group_max_session_timeout_ms,
+                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            ),
+            committer.high_watermarks,
+        )
+        groups.load()
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()
+
+        def on_idle() -> None:
+            registration.keep_alive()
+            groups.tick()
+
         try:
             serve_until(
                 ctx.stopping,
@@ -56,8 +76,11 @@ def run(ctx: ChildContext) -> None:
                     messages.DeleteTopics: admin.handle_delete,
                     messages.CommitSegment: committer.handle,
                     messages.AllocateProducerId: producer_ids.handle,
+                    **groups.handlers(),
+                    **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
                 },
-                on_idle=registration.keep_alive,
+                on_idle=on_idle,
+                idle_ms=TICK_MS,
             )
         finally:
             registration.deregister()

@@ -12,7 +12,6 @@ re-created topic can never see an old segment (segment keys restart at offset 0)
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections import Counter
@@ -22,24 +21,10 @@ from dataclasses import dataclass
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata import topic_configs
 from kafscale.metadata.records import TopicRecord
+from kafscale.metadata.topic_names import name_error
 from kafscale.protocol.errors import ErrorCode
 
-MAX_NAME_LENGTH = 249  # Kafka's Topic.MAX_NAME_LENGTH
-_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_PARTITIONS = 100_000
-
-
-def name_error(name: str) -> str | None:
-    """Why ``name`` is not a legal topic name (Kafka's Topic.validate), or None."""
-    if not name:
-        return "topic name is empty"
-    if name in (".", ".."):
-        return f"topic name cannot be {name!r}"
-    if len(name) > MAX_NAME_LENGTH:
-        return f"topic name is longer than {MAX_NAME_LENGTH} characters"
-    if not _LEGAL_NAME.fullmatch(name):
-        return f"topic name {name!r} may only contain ASCII alphanumerics, '.', '_' and '-'"
-    return None
 
 
 @dataclass(frozen=True)
@@ -131,7 +116,7 @@ def created(record: TopicRecord) -> TopicResult:
         topic_id=record.topic_id,
         partitions=record.partitions,
         replication_factor=record.replication_factor,
-        configs=topic_configs.effective(record.configs),
+        configs=dict(record.configs),
     )
 
 

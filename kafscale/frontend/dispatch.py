@@ -8,15 +8,32 @@ from __future__ import annotations
 
 from kafscale.frontend.context import Api
 from kafscale.frontend.handlers import (
+    alter_configs,
     api_versions,
+    create_partitions,
     create_topics,
+    delete_groups,
     delete_topics,
+    describe_cluster,
+    describe_configs,
+    describe_groups,
     fetch,
+    find_coordinator,
+    heartbeat,
+    incremental_alter_configs,
     init_producer_id,
+    join_group,
+    leave_group,
+    list_groups,
     list_offsets,
     metadata,
+    offset_commit,
+    offset_delete,
+    offset_fetch,
     offset_for_leader_epoch,
     produce,
+    sasl_handshake,
+    sync_group,
 )
 
 APIS: dict[int, Api] = {
@@ -75,3 +92,44 @@ APIS: dict[int, Api] = {
         ),
     )
 }
+
+# Cluster and topic administration (issue 5's operations APIs).
+_ADMIN_HANDLERS = (
+    (describe_configs, "DescribeConfigs"),
+    (alter_configs, "AlterConfigs"),
+    (incremental_alter_configs, "IncrementalAlterConfigs"),
+    (create_partitions, "CreatePartitions"),
+    (describe_cluster, "DescribeCluster"),
+    (sasl_handshake, "SaslHandshake"),
+)
+APIS.update(
+    {
+        module.API_KEY: Api(
+            module.API_KEY, name, module.MIN_VERSION, module.MAX_VERSION, module.handle
+        )
+        for module, name in _ADMIN_HANDLERS
+    }
+)
+
+# Consumer groups and committed offsets: answered by the coordinator process.
+_GROUP_HANDLERS = (
+    (find_coordinator, "FindCoordinator"),
+    (join_group, "JoinGroup"),
+    (sync_group, "SyncGroup"),
+    (heartbeat, "Heartbeat"),
+    (leave_group, "LeaveGroup"),
+    (offset_commit, "OffsetCommit"),
+    (offset_fetch, "OffsetFetch"),
+    (describe_groups, "DescribeGroups"),
+    (list_groups, "ListGroups"),
+    (delete_groups, "DeleteGroups"),
+    (offset_delete, "OffsetDelete"),
+)
+APIS.update(
+    {
+        module.API_KEY: Api(
+            module.API_KEY, name, module.MIN_VERSION, module.MAX_VERSION, module.handle
+        )
+        for module, name in _GROUP_HANDLERS
+    }
+)

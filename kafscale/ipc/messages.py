@@ -73,7 +73,8 @@ class TopicSpec(msgspec.Struct, frozen=True):
 
 
 class TopicResult(msgspec.Struct, frozen=True):
-    """The outcome for one topic; ``error_code`` is a Kafka error code (0 = created/deleted)."""
+    """The outcome for one topic; ``error_code`` is a Kafka error code (0 = created/deleted).
+    ``configs`` are the configs set on the topic (not the defaults it uses for the rest)."""
 
     name: str | None
     error_code: int
@@ -140,6 +141,7 @@ class AppendEntry(msgspec.Struct, frozen=True):
     codec: int  # applied by the flusher to batches that arrive uncompressed (0: none)
     allow_zstd: bool = True
     topic_created_ms: int = 0
+    segment_bytes: int = 0  # the topic's segment.bytes; 0: KAFSCALE_SEGMENT_BYTES
 
 
 class Append(Message, frozen=True):
@@ -279,6 +281,49 @@ class OffsetAnswer(msgspec.Struct, frozen=True):
 
 class OffsetsListed(Message, frozen=True):
     results: list[OffsetAnswer]
+
+
+# -- topic configs and partition counts (frontend -> coordinator) -----------------------------
+
+
+class ConfigChange(msgspec.Struct, frozen=True):
+    """One config of an alteration: ``operation`` is IncrementalAlterConfigs' (0 SET, 1 DELETE,
+    2 APPEND, 3 SUBTRACT); AlterConfigs sends SET only, a null value meaning the default."""
+
+    name: str
+    operation: int
+    value: str | None
+
+
+class TopicConfigChanges(msgspec.Struct, frozen=True):
+    topic: str
+    changes: list[ConfigChange]
+
+
+class AlterTopicConfigs(Message, frozen=True):
+    """AlterConfigs (``replace``: the topic's configs become exactly the SET ones) or
+    IncrementalAlterConfigs (each change applied to the current configs). Answered with
+    ``TopicResults``, one per topic in order."""
+
+    topics: list[TopicConfigChanges]
+    replace: bool
+    validate_only: bool = False
+
+
+class PartitionIncrease(msgspec.Struct, frozen=True):
+    """Grow ``topic`` to ``count`` partitions; ``assignments`` (one replica list per new
+    partition) as the client gave them, or None."""
+
+    topic: str
+    count: int
+    assignments: list[list[int]] | None = None
+
+
+class CreatePartitions(Message, frozen=True):
+    """Answered with ``TopicResults``, one per topic in order."""
+
+    topics: list[PartitionIncrease]
+    validate_only: bool = False
 
 
 # -- producer ids (frontend -> coordinator) ---------------------------------------------------
@@ -516,6 +561,8 @@ AnyMessage = (
     | ReleaseFetch
     | ListOffsets
     | OffsetsListed
+    | AlterTopicConfigs
+    | CreatePartitions
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -163,10 +163,14 @@ class AsyncRpcClient:
         self._ids = itertools.count(1)
         self._pending: dict[bytes, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     async def call(self, message: Message, bulk: Bulk = (), timeout: float = 5.0) -> Reply:
         if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read_replies())
+            self._watcher = loop.create_task(self._watch_disconnects())
         request_id = REQUEST_ID.pack(next(self._ids))
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -191,6 +195,16 @@ class AsyncRpcClient:
                 [REQUEST_ID.pack(0), messages.encode(message)], flags=zmq.NOBLOCK
             )
 
+    async def _watch_disconnects(self) -> None:
+        """A peer that goes away (a crashed process) will never answer what it was asked: fail
+        those requests at once instead of at their timeouts (a parked fetch or JoinGroup may
+        have minutes left). Its successor gets the retries."""
+        while True:
+            await self._monitor.recv_multipart()
+            for future in list(self._pending.values()):
+                if not future.done():
+                    future.set_exception(PeerUnavailable(f"{self.address} went away"))
+
     async def _read_replies(self) -> None:
         while True:
             frames = await self.socket.recv_multipart(copy=False)
@@ -207,13 +221,17 @@ class AsyncRpcClient:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self.socket.disable_monitor()
+        self._monitor.close(linger=0)
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(RpcError(f"client to {self.address} closed"))
         self.socket.close(linger=0)
 
 
-Handler = Callable[[Incoming], Message]
+Handler = Callable[[Incoming], Message | None]  # None: answered later (or a notice)
 
 
 def serve_until(
@@ -224,7 +242,8 @@ def serve_until(
     idle_ms: int = 200,
 ) -> None:
     """Answer requests with ``handlers`` (by message type) until ``stopping`` is set, calling
-    ``on_idle`` at least every ``idle_ms``. An unknown request type gets an ``ErrorReply``."""
+    ``on_idle`` at least every ``idle_ms``. An unknown request type gets an ``ErrorReply``; a
+    handler that returns None answers later itself (``server.reply``) or not at all."""
     while not stopping.is_set():
         incoming = server.recv(idle_ms)
         if incoming is not None:
@@ -233,6 +252,8 @@ def serve_until(
                 name = type(incoming.message).__name__
                 server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
             else:
-                server.reply(incoming, handler(incoming))
+                reply = handler(incoming)
+                if reply is not None:
+                    server.reply(incoming, reply)
         if on_idle is not None:
             on_idle()

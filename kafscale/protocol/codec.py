@@ -135,6 +135,16 @@ def nested(schema: type[Any], name: str) -> type[Any]:
     return cls
 
 
+def element(cls: type[Any], field_name: str) -> type[Any]:
+    """The class of the entities in ``cls``'s array field ``field_name`` (the nested classes'
+    names differ between versions of one API; their place does not)."""
+    hint = typing.get_type_hints(cls)[field_name]
+    if _is_optional(hint):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    found: type[Any] = typing.get_args(hint)[0]
+    return found
+
+
 def build(cls: type[Any], **values: Any) -> Any:
     """Instantiate a kio message class from ``values``, dropping fields this version lacks.
 

@@ -187,6 +187,8 @@ class Shard:
                 results.append(_error(ErrorCode.unknown_topic_or_partition, str(exc)))
                 continue
             self.flush_state[(entry.topic, entry.partition)].codec = entry.codec
+            # The topic's segment.bytes, as of this request (it may be altered at any time).
+            partition.segment_bytes = entry.segment_bytes or self.config.segment_bytes
             found = batches.split_batches(
                 frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
             )

@@ -523,19 +523,13 @@ def test_client_produces_10000_records_with_every_codec(
         objects.close()
     assert seen == {f"{name}-{i}".encode(): 1 for name in CODECS for i in range(per_codec)}
     # The codecs the producers compressed with are in the segments as sent (1 gzip, 2 snappy,
-    # 3 lz4, 4 zstd). librdkafka sends lz4-configured batches uncompressed until the broker
-    # advertises FindCoordinator (test_librdkafka_compresses_with_lz4 below).
-    used = {1, 2, 4} if client in ("kcat", "confluent-kafka") else {1, 2, 3, 4}
-    assert used <= codecs_stored
+    # 3 lz4, 4 zstd).
+    assert {1, 2, 3, 4} <= codecs_stored
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="librdkafka enables its LZ4 feature only when the broker advertises FindCoordinator "
-    "(rdkafka_feature.c), which comes with consumer groups (issue 5); until then it sends "
-    "lz4-configured batches uncompressed",
-)
 def test_librdkafka_compresses_with_lz4(start_broker: Callable[..., Any], kcat: str) -> None:
+    """librdkafka enables lz4 only when the broker advertises FindCoordinator (its LZ4 feature
+    flag, rdkafka_feature.c); it does since consumer groups are served."""
     broker = start_broker()
     broker.wait_ready()
     _produce_kcat(kcat, broker.bootstrap, "lz4", "lz4", 100)

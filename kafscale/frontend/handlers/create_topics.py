@@ -3,7 +3,8 @@
 The coordinator validates and writes (``kafscale.coordinator.topics``); this module translates.
 Replica assignments are accepted (one broker leads everything, durability comes from S3) but, as
 in Kafka, they exclude an explicit partition count or replication factor. From v5 the response
-describes the created topic: partitions, replication factor and every config with its source.
+describes the created topic: partitions, replication factor and every config with its source, as
+DescribeConfigs does (``kafscale.frontend.configs``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime
 import uuid
 from typing import Any
 
+from kafscale.frontend.configs import topic_configs_of
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.protocol.codec import build, nested, response_schema
@@ -19,9 +21,6 @@ from kafscale.protocol.errors import ErrorCode
 
 API_KEY = 19
 MIN_VERSION, MAX_VERSION = 2, 7
-
-CONFIG_SOURCE_TOPIC = 1  # DescribeConfigs' TOPIC_CONFIG
-CONFIG_SOURCE_DEFAULT = 5  # DEFAULT_CONFIG
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
@@ -37,8 +36,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             specs.append(spec)
     answers = iter(await ctx.broker.coordinator.create_topics(specs, request.validate_only))
     results = [refused.get(index) or next(answers) for index in range(len(request.topics))]
-    explicit = {topic.name: {c.name for c in topic.configs} for topic in request.topics}
-    topics = tuple(_result(schema, r, explicit.get(r.name or "", set())) for r in results)
+    topics = tuple(_result(ctx, schema, result) for result in results)
     return build(schema, throttle_time=datetime.timedelta(0), topics=topics)
 
 
@@ -68,7 +66,7 @@ def _describes_configs(schema: type[Any]) -> bool:
     return bool(schema.__version__ >= 5)
 
 
-def _result(schema: type[Any], result: TopicResult, explicit: set[str]) -> Any:
+def _result(ctx: RequestContext, schema: type[Any], result: TopicResult) -> Any:
     ok = result.error_code == 0
     configs = None
     if ok and _describes_configs(schema):
@@ -76,13 +74,13 @@ def _result(schema: type[Any], result: TopicResult, explicit: set[str]) -> Any:
         configs = tuple(
             build(
                 config_class,
-                name=name,
-                value=value,
-                read_only=False,
-                is_sensitive=False,
-                config_source=CONFIG_SOURCE_TOPIC if name in explicit else CONFIG_SOURCE_DEFAULT,
+                name=entry.name,
+                value=entry.value,
+                read_only=entry.read_only,
+                is_sensitive=entry.sensitive,
+                config_source=int(entry.source),
             )
-            for name, value in sorted(result.configs.items())
+            for entry in topic_configs_of(result.configs, ctx.broker.config)
         )
     return build(
         nested(schema, "CreatableTopicResult"),

@@ -6,7 +6,8 @@ v10 a topic may be named by id alone. Unknown topics named in the request are cr
 auto-creation is on (``KAFSCALE_AUTO_CREATE_TOPICS`` and, from v4, the request's flag), with
 ``KAFSCALE_AUTO_CREATE_PARTITIONS`` partitions, and answered as existing topics. Every partition
 is led by this broker (one broker owns all partitions until scale-out arrives), with leader epoch 0
-and itself as the only replica.
+and itself as the only replica. Authorized operations (v8+), when asked for, are every operation,
+as Kafka reports them without an authorizer (``kafscale.protocol.acls``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
+from kafscale.protocol.acls import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
 
@@ -47,15 +49,23 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         if name is not None and failed is not None:
             topics.append(_topic_error(schema, name, ErrorCode(failed.error_code)))
         else:
-            topics.append(_topic(ctx, schema, record, name, topic_id))
+            topics.append(_topic(ctx, schema, record, name, topic_id, _asks(request, "topic")))
     return build(
         schema,
         throttle_time=datetime.timedelta(0),
-        brokers=tuple(_broker(schema, b) for b in _brokers(ctx, snapshot.brokers)),
+        brokers=tuple(_broker(schema, b) for b in live_brokers(ctx, snapshot.brokers)),
         cluster_id=snapshot.cluster_id,
         controller_id=ctx.broker.node_id,
         topics=tuple(topics),
+        cluster_authorized_operations=CLUSTER_OPERATIONS
+        if _asks(request, "cluster")
+        else NOT_REQUESTED,
     )
+
+
+def _asks(request: Any, resource: str) -> bool:
+    """Whether the request asks for the authorized operations of ``resource`` (v8+)."""
+    return bool(getattr(request, f"include_{resource}_authorized_operations", False))
 
 
 # Created now, or by someone else between our look and the coordinator's write.
@@ -78,7 +88,7 @@ def _topic_error(schema: type[Any], name: str, error: ErrorCode) -> Any:
     )
 
 
-def _brokers(ctx: RequestContext, registered: dict[int, BrokerRecord]) -> list[BrokerRecord]:
+def live_brokers(ctx: RequestContext, registered: dict[int, BrokerRecord]) -> list[BrokerRecord]:
     """Registered brokers; this one always included, even before its registration is seen."""
     config = ctx.broker.config
     brokers = dict(registered)
@@ -133,6 +143,7 @@ def _topic(
     record: TopicRecord | None,
     name: str | None,
     topic_id: uuid.UUID | None,
+    authorized_operations: bool,
 ) -> Any:
     topic_class = nested(schema, "MetadataResponseTopic")
     if record is None:
@@ -162,4 +173,5 @@ def _topic(
         topic_id=uuid.UUID(record.topic_id),
         is_internal=False,
         partitions=partitions,
+        topic_authorized_operations=TOPIC_OPERATIONS if authorized_operations else NOT_REQUESTED,
     )

@@ -80,7 +80,7 @@ async def _topics(ctx: RequestContext, names: list[str]) -> dict[str, TopicRecor
 
 
 def _entry(ctx: RequestContext, record: TopicRecord, partition: int) -> AppendEntry:
-    configs = topic_configs.effective(record.configs)
+    configs = topic_configs.effective(record.configs, topic_configs.defaults(ctx.broker.config))
     compression = configs["compression.type"]
     if compression == "producer":
         compression = ctx.broker.config.compression_codec
@@ -93,6 +93,7 @@ def _entry(ctx: RequestContext, record: TopicRecord, partition: int) -> AppendEn
         codec=int(_CODECS[compression]),
         allow_zstd=ctx.version >= 7,
         topic_created_ms=record.created_ms,
+        segment_bytes=int(configs["segment.bytes"]),
     )
 
 

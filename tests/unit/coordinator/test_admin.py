@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from kafscale.coordinator.admin import TopicAdmin
-from kafscale.coordinator.topics import name_error
 from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicSpec
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys
 from kafscale.metadata.sqlite import SqliteMetadataStore
+from kafscale.metadata.topic_names import name_error
 from kafscale.protocol.errors import ErrorCode
 from kafscale.storage.local import LocalObjectStore
 

@@ -10,12 +10,12 @@ import java.util.concurrent.ExecutionException;
  * A real Kafka Java client driven from KafScale's Python tests.
  *
  * <p>Usage: {@code KafscaleProbe COMMAND [--option value ...]}. Every command prints one JSON
- * document on stdout and exits 0 (except {@code consume}, which streams JSON lines: see
- * {@link RecordCommands#consume}); on failure it prints one JSON line
- * {@code {"error": CLASS, "message": ...}} and the stack trace on stderr and exits 1 (2 for a usage
- * error). Kafka's own logging goes to stderr at WARN unless {@code KAFSCALE_PROBE_LOG_LEVEL} says
- * otherwise, so stdout stays machine-readable. JSON keys are camelCase, as in the Java API
- * ({@code clusterId}, {@code topicId}).
+ * document on stdout and exits 0 (except {@code consume} and {@code group-consume}, which stream
+ * JSON lines: see {@link RecordCommands#consume} and {@link GroupCommands}); on failure it prints
+ * one JSON line {@code {"error": CLASS, "message": ...}} and the stack trace on stderr and exits 1
+ * (2 for a usage error). Kafka's own logging goes to stderr at WARN unless
+ * {@code KAFSCALE_PROBE_LOG_LEVEL} says otherwise, so stdout stays machine-readable. JSON keys are
+ * camelCase, as in the Java API ({@code clusterId}, {@code topicId}).
  *
  * <p>The probe is compiled against the kafka-clients 3.9 API and run with 3.9 or 4.x jars, so it
  * may only use APIs that exist in both. Add a command by adding an entry to {@link #COMMANDS}.
@@ -36,9 +36,13 @@ public final class KafscaleProbe {
         COMMANDS.put("list-topics", AdminCommands::listTopics);
         COMMANDS.put("create-topic", AdminCommands::createTopic);
         COMMANDS.put("delete-topic", AdminCommands::deleteTopic);
+        COMMANDS.put("describe-configs", ConfigCommands::describeConfigs);
+        COMMANDS.put("alter-configs", ConfigCommands::alterConfigs);
+        COMMANDS.put("create-partitions", ConfigCommands::createPartitions);
         COMMANDS.put("produce", ProduceCommands::produce);
         COMMANDS.put("produce-records", RecordCommands::produceRecords);
         COMMANDS.put("consume", RecordCommands::consume);
+        COMMANDS.put("group-consume", GroupCommands::groupConsume);
     }
 
     private KafscaleProbe() {}

@@ -1,0 +1,42 @@
+"""ListGroups (key 16), v0-v5: every group, filtered by state (v4+) and type (v5+; all groups
+here are classic groups)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafscale.frontend.context import RequestContext
+from kafscale.frontend.handlers._groups import ask, respond, schema
+from kafscale.ipc import messages
+from kafscale.protocol.codec import build, element
+from kafscale.protocol.errors import ErrorCode
+
+API_KEY = 16
+MIN_VERSION, MAX_VERSION = 0, 5
+CLASSIC = "classic"
+
+
+async def handle(ctx: RequestContext, request: Any) -> Any:
+    query = messages.ListGroups(
+        states=list(getattr(request, "states_filter", ())),
+        types=list(getattr(request, "types_filter", ())),
+    )
+    reply = await ask(ctx, query, messages.GroupsListed)
+    if isinstance(reply, ErrorCode):
+        return respond(ctx, API_KEY, error_code=reply, groups=())
+    group_class = element(schema(ctx, API_KEY), "groups")
+    return respond(
+        ctx,
+        API_KEY,
+        error_code=ErrorCode.none,
+        groups=tuple(
+            build(
+                group_class,
+                group_id=g.group_id,
+                protocol_type=g.protocol_type,
+                group_state=g.state,
+                group_type=CLASSIC,
+            )
+            for g in reply.groups
+        ),
+    )

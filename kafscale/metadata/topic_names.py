@@ -1,0 +1,25 @@
+"""Kafka's rules for topic names (``org.apache.kafka.common.internals.Topic.validate``).
+
+Shared by the coordinator, which refuses to create a topic with an illegal name, and the
+frontend, which answers requests naming one (DescribeConfigs) without asking the coordinator.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_NAME_LENGTH = 249  # Kafka's Topic.MAX_NAME_LENGTH
+_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def name_error(name: str) -> str | None:
+    """Why ``name`` is not a legal topic name, or None."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name cannot be {name!r}"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"topic name is longer than {MAX_NAME_LENGTH} characters"
+    if not _LEGAL_NAME.fullmatch(name):
+        return f"topic name {name!r} may only contain ASCII alphanumerics, '.', '_' and '-'"
+    return None

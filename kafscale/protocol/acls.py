@@ -1,0 +1,47 @@
+"""Authorized operations as Kafka reports them when no authorizer is configured (KafScale has
+none): every operation the resource type supports, as a bit field of ``AclOperation`` codes
+(KIP-430). Requests that do not ask for them get ``NOT_REQUESTED``."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class AclOperation(IntEnum):
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+
+
+def _bits(*operations: AclOperation) -> int:
+    return sum(1 << operation for operation in operations)
+
+
+NOT_REQUESTED = -(2**31)  # Kafka's Integer.MIN_VALUE: "not included"
+# AclEntry.supportedOperations(CLUSTER) and (TOPIC) in Kafka.
+CLUSTER_OPERATIONS = _bits(
+    AclOperation.CREATE,
+    AclOperation.ALTER,
+    AclOperation.DESCRIBE,
+    AclOperation.CLUSTER_ACTION,
+    AclOperation.DESCRIBE_CONFIGS,
+    AclOperation.ALTER_CONFIGS,
+    AclOperation.IDEMPOTENT_WRITE,
+)
+TOPIC_OPERATIONS = _bits(
+    AclOperation.READ,
+    AclOperation.WRITE,
+    AclOperation.CREATE,
+    AclOperation.DELETE,
+    AclOperation.ALTER,
+    AclOperation.DESCRIBE,
+    AclOperation.DESCRIBE_CONFIGS,
+    AclOperation.ALTER_CONFIGS,
+)
