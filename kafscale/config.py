@@ -203,6 +203,12 @@ SETTINGS: tuple[Setting, ...] = (
         "auto_create_partitions", "1", _int_in(1, 100_000), "Partitions of an auto-created topic"
     ),
     Setting(
+        "retention_check_interval_ms",
+        "300000",
+        _int_in(100, 86_400_000),
+        "How often segments past their topic's retention.ms/retention.bytes are deleted",
+    ),
+    Setting(
         "group_initial_rebalance_delay_ms",
         "3000",
         _int_in(0, 300_000),
@@ -287,6 +293,7 @@ class Config:
     compression_codec: str
     auto_create_topics: bool
     auto_create_partitions: int
+    retention_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
     group_min_session_timeout_ms: int
     group_max_session_timeout_ms: int

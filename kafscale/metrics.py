@@ -123,3 +123,6 @@ CONSUMER_LAG = Gauge(
     ["group", "topic", "partition"],
     multiprocess_mode="livemax",
 )
+RETENTION_DELETED = Counter(
+    "kafscale_retention_deleted_segments", "Segments deleted by retention.ms/retention.bytes"
+)

@@ -25,6 +25,7 @@ from .groups import GroupSettings
 from .partitions import PartitionCommitter
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistration, ensure_cluster_id
+from .retention import RetentionCleaner
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,12 @@ def run(ctx: ChildContext) -> None:
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()
 
+        retention = RetentionCleaner(config, store, objects, ctx.zmq_context, ctx.runtime_dir)
+
         def on_idle() -> None:
             registration.keep_alive()
             groups.tick()
+            retention.maybe_run()
 
         try:
             serve_until(
@@ -83,6 +87,7 @@ def run(ctx: ChildContext) -> None:
                 idle_ms=TICK_MS,
             )
         finally:
+            retention.close()
             registration.deregister()
             server.close()
     finally:

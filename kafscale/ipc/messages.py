@@ -326,6 +326,19 @@ class CreatePartitions(Message, frozen=True):
     validate_only: bool = False
 
 
+# -- retention (coordinator -> shard) ----------------------------------------------------------
+
+
+class LogStartMoved(Message, frozen=True):
+    """Retention deleted a partition's oldest segments: its log now starts at
+    ``log_start_offset``. A notice: no reply."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    log_start_offset: int
+
+
 # -- producer ids (frontend -> coordinator) ---------------------------------------------------
 
 
@@ -536,6 +549,7 @@ AnyMessage = (
     | ProducerIdAllocated
     | FlushAll
     | FlushedAll
+    | LogStartMoved
     | JoinGroup
     | JoinGroupResult
     | SyncGroup

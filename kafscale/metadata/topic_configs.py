@@ -3,8 +3,8 @@
 Only settings the broker acts on are accepted. Any other name Kafka defines (``segment.ms``,
 ``min.insync.replicas``, ...) is refused with a message saying KafScale does not support it, and a
 name Kafka does not define is refused as unknown -- as Kafka refuses unknown topic configs -- so a
-setting never silently does nothing. (``retention.ms`` and ``retention.bytes`` are the exception
-the issue asks for: stored and described, not yet enforced; see docs/compatibility.md.)
+setting never silently does nothing. ``retention.ms`` and ``retention.bytes`` are enforced by the
+coordinator (``kafscale.coordinator.retention``).
 
 A topic record holds only the configs set on it. A config it does not set takes its broker's
 value, as in Kafka (``segment.bytes`` <- ``log.segment.bytes``, which is KAFSCALE_SEGMENT_BYTES);
@@ -69,8 +69,6 @@ class TopicConfig:
     broker_setting: str | None = None
 
 
-_NOT_ENFORCED = " KafScale stores and reports it but does not delete old segments yet."
-
 SUPPORTED: dict[str, TopicConfig] = {
     config.name: config
     for config in (
@@ -117,8 +115,7 @@ SUPPORTED: dict[str, TopicConfig] = {
             _number(-1, LONG_MAX),
             ConfigType.LONG,
             "log.retention.ms",
-            "How long a segment is kept before it may be deleted (-1: no time limit)."
-            + _NOT_ENFORCED,
+            "How long a segment is kept before it may be deleted (-1: no time limit).",
         ),
         TopicConfig(
             "retention.bytes",
@@ -127,7 +124,7 @@ SUPPORTED: dict[str, TopicConfig] = {
             ConfigType.LONG,
             "log.retention.bytes",
             "How large a partition may grow before old segments may be deleted (-1: no size "
-            "limit)." + _NOT_ENFORCED,
+            "limit).",
         ),
         TopicConfig(
             "segment.bytes",

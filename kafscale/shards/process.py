@@ -134,6 +134,8 @@ class Shard:
                 self.reads.on_release(incoming, message)
             elif isinstance(message, messages.ListOffsets):
                 self.reads.on_list_offsets(incoming, message)
+            elif isinstance(message, messages.LogStartMoved):
+                self._on_log_start_moved(message)
             elif isinstance(message, messages.FlushAll):
                 self._on_flush_all(incoming)
             else:
@@ -270,6 +272,13 @@ class Shard:
         if self.unflushed + size > self.budget:
             return f"the shard's buffers are full ({self.unflushed} bytes unflushed)"
         return None
+
+    def _on_log_start_moved(self, notice: messages.LogStartMoved) -> None:
+        """Retention deleted the partition's oldest segments: stop serving them."""
+        partition = self.partitions.get((notice.topic, notice.partition))
+        if partition is not None and partition.topic_id == notice.topic_id:
+            partition.log_start_offset = max(partition.log_start_offset, notice.log_start_offset)
+            partition.segments.drop_before(partition.log_start_offset)
 
     def _partition_for(
         self, topic: str, topic_id: str, index: int, topic_created_ms: int

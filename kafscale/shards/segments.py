@@ -36,6 +36,13 @@ class CommittedSegments:
         self._bases.append(segment.base_offset)
         self._max_so_far.append(max(previous, segment.max_timestamp))
 
+    def drop_before(self, offset: int) -> None:
+        """Forget the segments that end before ``offset`` (deleted by retention)."""
+        kept = [s for s in self._segments if s.last_offset >= offset]
+        self._segments, self._bases, self._max_so_far = [], [], []
+        for segment in kept:
+            self.add(segment)
+
     def find(self, offset: int) -> SegmentRecord | None:
         """The segment holding ``offset``, if one does."""
         i = bisect.bisect_right(self._bases, offset) - 1

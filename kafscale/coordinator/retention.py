@@ -1,0 +1,194 @@
+"""Retention: deleting a partition's oldest segments once its topic's ``retention.ms`` or
+``retention.bytes`` says they may go, as Kafka's log cleaner does with ``cleanup.policy=delete``.
+
+Every ``KAFSCALE_RETENTION_CHECK_INTERVAL_MS`` the coordinator walks each partition's committed
+segments (metadata records, no object-store listing), oldest first, and deletes while:
+
+- time: the segment's largest record timestamp is older than ``retention.ms`` (-1: never), or
+- size: the partition stays at or above ``retention.bytes`` without the segment (-1: never).
+
+Deleting is, in order: one compare-and-set transaction that moves the partition's log start
+offset past the deleted segments and removes their records (from then on no reader can find
+them); a notice to the owning shard so it stops serving them at once (fetches below the new start
+get OFFSET_OUT_OF_RANGE); then the ``.kfs``/``.index`` objects. Objects that cannot be deleted
+then (S3 down) are retried at the next round; a coordinator crash between the transaction and
+the deletes leaves them in the bucket (NOTES.md). As in Kafka, retention can empty a partition
+completely; its next offset is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import zmq
+
+from kafscale import metrics
+from kafscale.config import Config
+from kafscale.ipc import endpoints, messages
+from kafscale.ipc.routing import shard_for
+from kafscale.metadata import records, topic_configs
+from kafscale.metadata.records import Keys, SegmentRecord, TopicRecord
+from kafscale.metadata.store import Compare, Delete, MetadataStore, Put
+from kafscale.storage import segment as segments
+from kafscale.storage.objects import ObjectStore, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+MAX_OPERATIONS = 100  # per transaction (etcd allows 128)
+NO_LIMIT = -1
+
+
+def expired(
+    found: list[SegmentRecord], retention_ms: int, retention_bytes: int, now_ms: int
+) -> list[SegmentRecord]:
+    """The oldest segments that retention deletes (a prefix of ``found``, in offset order)."""
+    total = sum(s.size for s in found)
+    doomed: list[SegmentRecord] = []
+    for segment in found:
+        too_old = retention_ms != NO_LIMIT and segment.max_timestamp < now_ms - retention_ms
+        too_big = retention_bytes != NO_LIMIT and total - segment.size >= retention_bytes
+        if not (too_old or too_big):
+            break
+        doomed.append(segment)
+        total -= segment.size
+    return doomed
+
+
+class RetentionCleaner:
+    def __init__(
+        self,
+        config: Config,
+        store: MetadataStore,
+        objects: ObjectStore,
+        context: zmq.Context[zmq.Socket[bytes]],
+        runtime_dir: str,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.objects = objects
+        self.keys = Keys(config.s3_namespace)
+        self.interval_ms = config.retention_check_interval_ms
+        self._next_ms = _now_ms() + self.interval_ms
+        self._leftovers: list[str] = []  # object keys whose delete failed
+        self._shards = []
+        for index in range(config.shards):
+            socket = context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.IMMEDIATE, 1)
+            socket.connect(endpoints.address(runtime_dir, "shard", index))
+            self._shards.append(socket)
+
+    def maybe_run(self) -> None:
+        now = _now_ms()
+        if now < self._next_ms:
+            return
+        self._next_ms = now + self.interval_ms
+        try:
+            self.run(now)
+        except Exception:  # retention is periodic: log and try again next round
+            log.exception("retention round failed")
+
+    def run(self, now_ms: int) -> int:
+        """One round over every partition; returns the segments deleted."""
+        self._delete_objects(self._leftovers)
+        deleted = 0
+        defaults = topic_configs.defaults(self.config)
+        for kv in self.store.get_prefix(self.keys.topics):
+            topic = records.decode_topic(kv.value)
+            configs = topic_configs.effective(topic.configs, defaults)
+            retention_ms = int(configs["retention.ms"])
+            retention_bytes = int(configs["retention.bytes"])
+            if retention_ms == NO_LIMIT and retention_bytes == NO_LIMIT:
+                continue
+            for partition in range(topic.partitions):
+                deleted += self._clean(topic, partition, retention_ms, retention_bytes, now_ms)
+        return deleted
+
+    def _clean(
+        self, topic: TopicRecord, partition: int, retention_ms: int, retention_bytes: int, now: int
+    ) -> int:
+        partition_key = self.keys.partition(topic.name, partition)
+        partition_kv = self.store.get(partition_key)
+        if partition_kv is None:
+            return 0
+        state = records.decode_partition(partition_kv.value)
+        if state.topic_id != topic.topic_id:
+            return 0
+        found = sorted(
+            (
+                records.decode_segment(kv.value)
+                for kv in self.store.get_prefix(self.keys.segments(topic.name, partition))
+            ),
+            key=lambda s: s.base_offset,
+        )
+        doomed = expired(found, retention_ms, retention_bytes, now)[:MAX_OPERATIONS]
+        if not doomed:
+            return 0
+        log_start = doomed[-1].last_offset + 1
+        updated = records.PartitionRecord(
+            topic_id=state.topic_id,
+            high_watermark=state.high_watermark,
+            log_start_offset=max(state.log_start_offset, log_start),
+            producers=state.producers,
+        )
+        txn = self.store.transaction(
+            [Compare(partition_key, mod_revision=partition_kv.mod_revision)],
+            [
+                Put(partition_key, records.encode(updated)),
+                *(Delete(self.keys.segment(topic.name, partition, s.base_offset)) for s in doomed),
+            ],
+        )
+        if not txn.succeeded:
+            return 0  # a commit moved the partition meanwhile: the next round sees it
+        self._notify(topic, partition, updated.log_start_offset)
+        ns = self.config.s3_namespace
+        self._delete_objects(
+            [
+                key
+                for s in doomed
+                for key in (
+                    segments.segment_key(ns, topic.name, partition, s.base_offset),
+                    segments.index_key(ns, topic.name, partition, s.base_offset),
+                )
+            ]
+        )
+        metrics.RETENTION_DELETED.inc(len(doomed))
+        log.info(
+            "retention deleted segments",
+            extra={
+                "topic": topic.name,
+                "partition": partition,
+                "segments": len(doomed),
+                "log_start_offset": updated.log_start_offset,
+            },
+        )
+        return len(doomed)
+
+    def _notify(self, topic: TopicRecord, partition: int, log_start: int) -> None:
+        shard = self._shards[shard_for(topic.topic_id, partition, len(self._shards))]
+        notice = messages.LogStartMoved(topic.name, topic.topic_id, partition, log_start)
+        # a shard that is restarting reads the new log start when it loads the partition
+        with contextlib.suppress(zmq.Again):
+            shard.send_multipart([b"\0" * 8, messages.encode(notice)], flags=zmq.NOBLOCK)
+
+    def _delete_objects(self, keys: list[str]) -> None:
+        failed = []
+        for key in keys:
+            try:
+                self.objects.delete(key)
+            except ObjectStoreError as exc:
+                log.warning(
+                    "cannot delete a retired object yet", extra={"key": key, "error": str(exc)}
+                )
+                failed.append(key)
+        self._leftovers = failed
+
+    def close(self) -> None:
+        for socket in self._shards:
+            socket.close(linger=0)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
