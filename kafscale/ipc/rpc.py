@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,10 @@ class RpcClient:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
         self.socket.connect(address)
         self._ids = itertools.count(1)
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
 
     def call(self, message: Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply:
         request_id = REQUEST_ID.pack(next(self._ids))
@@ -138,16 +143,30 @@ class RpcClient:
         # socket gets the timeout to (re)establish the connection before we give up.
         if not self.socket.poll(timeout_ms, zmq.POLLOUT):
             raise PeerUnavailable(f"nothing listens on {self.address}")
+        self._drain_disconnects()  # old news: they happened before this request was sent
         self.socket.send_multipart([request_id, messages.encode(message), *bulk], copy=False)
-        deadline_ms = timeout_ms
-        while self.socket.poll(deadline_ms, zmq.POLLIN):
-            frames = self.socket.recv_multipart(copy=False)
-            if len(frames) >= 2 and frames[0].bytes == request_id:
-                return Reply(messages.decode(frames[1].buffer), frames[2:])
-            # a late reply to an earlier, timed-out request: drop it and keep waiting
+        deadline = time.monotonic() + timeout_ms / 1000
+        while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+            ready = dict(self._poller.poll(left_ms))
+            if self.socket in ready:
+                frames = self.socket.recv_multipart(copy=False)
+                if len(frames) >= 2 and frames[0].bytes == request_id:
+                    return Reply(messages.decode(frames[1].buffer), frames[2:])
+                # a late reply to an earlier, timed-out request: drop it and keep waiting
+            elif self._monitor in ready:
+                # A request sent as the peer died (before ZeroMQ noticed) is lost with the
+                # connection: say so now rather than at the timeout.
+                self._drain_disconnects()
+                raise PeerUnavailable(f"{self.address} went away")
         raise RpcTimeout(f"no reply from {self.address} within {timeout_ms} ms")
 
+    def _drain_disconnects(self) -> None:
+        while self._monitor.poll(0, zmq.POLLIN):
+            self._monitor.recv_multipart()
+
     def close(self) -> None:
+        self.socket.disable_monitor()
+        self._monitor.close(linger=0)
         self.socket.close(linger=0)
 
 

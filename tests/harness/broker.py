@@ -46,7 +46,7 @@ Backends = Literal["embedded", "real"]
 
 BROKER_ARGV = (sys.executable, "-m", "kafscale", "serve")
 PORT_VARIABLES = ("KAFSCALE_BROKER_PORT", "KAFSCALE_METRICS_PORT")
-READY_TIMEOUT = 30.0
+READY_TIMEOUT = 75.0  # longer than the boot timeout below, so the broker says why it failed
 STOP_TIMEOUT = 30.0
 # How long children may take to vanish after the supervisor exited (e.g. multiprocessing's
 # resource tracker, which exits when its last user closes the pipe).
@@ -326,6 +326,9 @@ class BrokerFactory:
             "KAFSCALE_METRICS_PORT": str(free_port()),
             "KAFSCALE_SHARDS": "2",
             "KAFSCALE_LOG_LEVEL": "info",
+            # A cold start on a loaded 2-core CI machine (parallel workers, other brokers
+            # booting) can take longer than the 15 s default to import and spawn every child.
+            "KAFSCALE_BOOT_TIMEOUT_MS": "60000",
         }
         if backends == "real":
             kafscale_env.update(self._real_backends(overrides))
