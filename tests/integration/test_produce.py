@@ -530,7 +530,9 @@ def test_client_produces_10000_records_with_every_codec(
 def test_librdkafka_compresses_with_lz4(start_broker: Callable[..., Any], kcat: str) -> None:
     """librdkafka enables lz4 only when the broker advertises FindCoordinator (its LZ4 feature
     flag, rdkafka_feature.c); it does since consumer groups are served."""
-    broker = start_broker()
+    # KAFSCALE_COMPRESSION_CODEC=none keeps batches that arrive uncompressed as they are:
+    # librdkafka sends a batch uncompressed when lz4 would not shrink it (a lone small record).
+    broker = start_broker(env={"KAFSCALE_COMPRESSION_CODEC": "none"})
     broker.wait_ready()
     _produce_kcat(kcat, broker.bootstrap, "lz4", "lz4", 100)
     config = configuration.load(broker.env)
@@ -549,4 +551,4 @@ def test_librdkafka_compresses_with_lz4(start_broker: Callable[..., Any], kcat: 
                     stored.add(segments.read_batch_header(parsed.data, span.position).codec)
     finally:
         objects.close()
-    assert stored == {3}
+    assert 3 in stored and stored <= {0, 3}, stored
