@@ -2,7 +2,7 @@
 # Installs everything KafScale's test suite needs, from the package registries only:
 #   apt     etcd-server, etcd-client, kcat (and a JDK + Maven if missing)
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
-#   python  .venv with `pip install -e '.[test]'`
+#   python  .venv with `pip install -e '.[test,spark]'`
 #   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
 #           tests/java/pom.xml)
 # Usage: scripts/install-deps.sh [STEP...]   (default: every step, in the order above)
@@ -161,11 +161,11 @@ install_python() {
         return
     fi
     if ! (cd "$ROOT" && "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-        --no-input -e '.[test]') </dev/null >"$log" 2>&1; then
-        die python "pip install -e '.[test]'" "$log"
+        --no-input -e '.[test,spark]') </dev/null >"$log" 2>&1; then
+        die python "pip install -e '.[test,spark]'" "$log"
     fi
     printf '%s\n' "$key" >"$stamp"
-    say python "installed -e '.[test]' into $VENV"
+    say python "installed -e '.[test,spark]' into $VENV"
 }
 
 # --- java ----------------------------------------------------------------------------------

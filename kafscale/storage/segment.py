@@ -311,6 +311,17 @@ def parse_segment(data: bytes | memoryview, verify: bool = True) -> Segment:
     return segment
 
 
+def parse_footer(footer: bytes | memoryview, key: str) -> int:
+    """The last offset in a segment's 16-byte footer (read alone, e.g. with a ranged GET)."""
+    if len(footer) != FOOTER_SIZE:
+        raise CorruptSegment(f"{key}: footer of {len(footer)} bytes, expected {FOOTER_SIZE}")
+    _, last_offset, magic = _FOOTER.unpack(footer)
+    if magic != FOOTER_MAGIC:
+        raise CorruptSegment(f"{key}: footer magic {magic!r}, expected b'END!'")
+    last: int = last_offset
+    return last
+
+
 def _verify_totals(segment: Segment, records: int) -> None:
     footer = len(segment.data) - FOOTER_SIZE
     if not segment.batches:

@@ -1,0 +1,241 @@
+"""What a read can see: topics, their partitions, and each partition's committed segments.
+
+Two sources, chosen by the options (never one falling back to the other):
+
+- ``MetadataCatalog``: the broker's metadata store (etcd, or the embedded ``metadata.sqlite``).
+  Exact: the high watermark, the log start and one ``SegmentRecord`` per committed segment, with
+  its last offset, size and max timestamp, so bounds prune without touching the bucket.
+- ``ListingCatalog``: the bucket alone (no metadata store configured). Every ``.kfs`` object is a
+  complete segment (objects are written whole, never overwritten); a segment's last offset is the
+  next one's base offset minus one, and the newest segment's comes from its 16-byte footer. It
+  cannot tell an uploaded-but-never-committed segment (a broker crash between the upload and
+  the commit, before any producer was acknowledged) from a committed one, and it knows no max
+  timestamps, so timestamp bounds read segments in order until they find the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from kafscale.metadata import MetadataStore
+from kafscale.metadata.records import Keys, decode_partition, decode_segment, decode_topic
+from kafscale.spark.options import Selection, Storage
+from kafscale.storage import ObjectStore
+from kafscale.storage import segment as segments
+from kafscale.storage.local import LocalObjectStore
+from kafscale.storage.s3 import S3ObjectStore
+
+
+class CatalogError(Exception):
+    """A topic or partition the read asks for is not there, or the log is inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    base_offset: int
+    last_offset: int
+    size: int  # bytes of the .kfs object
+    key: str
+    index_key: str
+    max_timestamp: int | None  # None: unknown without reading the segment
+
+    @property
+    def end_offset(self) -> int:
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLog:
+    topic: str
+    partition: int
+    log_start: int
+    high_watermark: int  # offset after the last committed record
+    segments: tuple[SegmentInfo, ...]  # in offset order, all below the high watermark
+
+
+class Catalog(Protocol):
+    @property
+    def description(self) -> str: ...
+
+    def topics(self, selection: Selection) -> dict[str, int]:
+        """The selected topics and their partition counts; raises CatalogError for a topic
+        named explicitly that does not exist."""
+        ...
+
+    def partition(self, topic: str, partition: int) -> PartitionLog: ...
+
+    def close(self) -> None: ...
+
+
+def open_objects(storage: Storage) -> ObjectStore:
+    if storage.bucket:
+        return S3ObjectStore(
+            bucket=storage.bucket,
+            region=storage.region,
+            endpoint_url=storage.endpoint or None,
+            path_style=storage.path_style,
+            access_key=storage.access_key or None,
+            secret_key=storage.secret_key or None,
+        )
+    segments_dir = os.path.join(storage.data_dir, "segments")
+    if not os.path.isdir(segments_dir):
+        raise CatalogError(
+            f"{storage.data_dir} holds no segments directory: is it a KafScale data directory?"
+        )
+    return LocalObjectStore(segments_dir)
+
+
+def open_catalog(storage: Storage, objects: ObjectStore) -> Catalog:
+    """The metadata store when one is configured (etcd, or metadata.sqlite in ``dataDir``),
+    else a listing of the bucket."""
+    store: MetadataStore | None = None
+    if storage.etcd_endpoints:
+        from kafscale.metadata.etcd import EtcdMetadataStore
+
+        store = EtcdMetadataStore(list(storage.etcd_endpoints))
+    elif storage.data_dir:
+        path = os.path.join(storage.data_dir, "metadata.sqlite")
+        if os.path.exists(path):
+            from kafscale.metadata.sqlite import SqliteMetadataStore
+
+            store = SqliteMetadataStore(path)
+    if store is not None:
+        return MetadataCatalog(store, storage.namespace)
+    return ListingCatalog(objects, storage.namespace)
+
+
+def _select(selection: Selection, existing: Iterable[str], where: str) -> list[str]:
+    existing = set(existing)
+    if selection.pattern:
+        pattern = re.compile(selection.pattern)
+        return sorted(t for t in existing if pattern.fullmatch(t))
+    missing = [t for t in selection.topics if t not in existing]
+    if missing:
+        raise CatalogError(f"no topic {', '.join(map(repr, missing))} in {where}")
+    return list(selection.topics)
+
+
+class MetadataCatalog:
+    def __init__(self, store: MetadataStore, namespace: str) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.keys = Keys(namespace)
+
+    @property
+    def description(self) -> str:
+        return f"the metadata store {self.store.description} (namespace {self.namespace})"
+
+    def topics(self, selection: Selection) -> dict[str, int]:
+        records = {}
+        for kv in self.store.get_prefix(self.keys.topics):
+            record = decode_topic(kv.value)
+            records[record.name] = record.partitions
+        return {t: records[t] for t in _select(selection, records, self.description)}
+
+    def partition(self, topic: str, partition: int) -> PartitionLog:
+        kv = self.store.get(self.keys.partition(topic, partition))
+        if kv is None:
+            raise CatalogError(f"no partition {topic}-{partition} in {self.description}")
+        state = decode_partition(kv.value)
+        found = []
+        for item in self.store.get_prefix(self.keys.segments(topic, partition)):
+            record = decode_segment(item.value)
+            if record.last_offset < state.log_start_offset:
+                continue  # retired by retention; its objects may be gone already
+            found.append(
+                SegmentInfo(
+                    base_offset=record.base_offset,
+                    last_offset=record.last_offset,
+                    size=record.size,
+                    key=segments.segment_key(self.namespace, topic, partition, record.base_offset),
+                    index_key=segments.index_key(
+                        self.namespace, topic, partition, record.base_offset
+                    ),
+                    max_timestamp=record.max_timestamp,
+                )
+            )
+        found.sort(key=lambda s: s.base_offset)
+        return PartitionLog(
+            topic, partition, state.log_start_offset, state.high_watermark, tuple(found)
+        )
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class ListingCatalog:
+    def __init__(self, objects: ObjectStore, namespace: str) -> None:
+        self.objects = objects
+        self.namespace = namespace
+
+    @property
+    def description(self) -> str:
+        return f"{self.objects.description} (namespace {self.namespace}, no metadata store)"
+
+    def topics(self, selection: Selection) -> dict[str, int]:
+        if selection.pattern:
+            names = {self._topic_of(info.key) for info in self.objects.list(f"{self.namespace}/")}
+            names.discard(None)
+            chosen = _select(selection, {n for n in names if n is not None}, self.description)
+        else:
+            chosen = _select(
+                selection,
+                [t for t in selection.topics if self._partitions(t)],
+                self.description,
+            )
+        return {t: max(self._partitions(t)) + 1 for t in chosen}
+
+    def _topic_of(self, key: str) -> str | None:
+        parsed = segments.parse_segment_key(key)
+        return parsed.topic if parsed is not None and parsed.namespace == self.namespace else None
+
+    def _partitions(self, topic: str) -> set[int]:
+        found = set()
+        for info in self.objects.list(f"{self.namespace}/{topic}/"):
+            parsed = segments.parse_segment_key(info.key)
+            if parsed is not None and parsed.topic == topic and parsed.kind == "kfs":
+                found.add(parsed.partition)
+        return found
+
+    def partition(self, topic: str, partition: int) -> PartitionLog:
+        prefix = segments.segment_prefix(self.namespace, topic, partition)
+        listed = []
+        for info in self.objects.list(prefix):
+            parsed = segments.parse_segment_key(info.key)
+            if parsed is not None and parsed.kind == "kfs" and parsed.partition == partition:
+                listed.append((parsed.base_offset, info))
+        listed.sort(key=lambda item: item[0])
+        found = []
+        for i, (base, info) in enumerate(listed):
+            if i + 1 < len(listed):
+                last = listed[i + 1][0] - 1
+            else:
+                last = self._footer_last_offset(info.key, info.size)
+            if last < base:
+                raise CatalogError(f"{info.key}: ends at offset {last}, before its base {base}")
+            found.append(
+                SegmentInfo(
+                    base,
+                    last,
+                    info.size,
+                    info.key,
+                    segments.index_key(self.namespace, topic, partition, base),
+                    None,
+                )
+            )
+        log_start = found[0].base_offset if found else 0
+        high_watermark = found[-1].end_offset if found else 0
+        return PartitionLog(topic, partition, log_start, high_watermark, tuple(found))
+
+    def _footer_last_offset(self, key: str, size: int) -> int:
+        if size < segments.HEADER_SIZE + segments.FOOTER_SIZE:
+            raise segments.CorruptSegment(f"{key}: {size} bytes cannot hold a segment")
+        footer = self.objects.get(key, size - segments.FOOTER_SIZE, segments.FOOTER_SIZE)
+        return segments.parse_footer(footer, key)
+
+    def close(self) -> None:
+        pass

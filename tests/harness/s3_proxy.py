@@ -1,0 +1,106 @@
+"""A recording pass-through in front of the S3 server: what a client really asked the bucket.
+
+Requests are forwarded byte for byte (headers included, so SigV4 signatures still verify: the
+signed Host is the proxy's, and MinIO checks the Host it receives), and each one is recorded as
+(method, path, Range header). Tests point a reader at ``endpoint_url`` to prove which objects it
+downloaded, and which byte ranges of them, from the wire rather than from the reader's word.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+import urllib.parse
+from dataclasses import dataclass
+
+from tests.harness.procs import LOOPBACK
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+@dataclass(frozen=True)
+class S3Request:
+    method: str
+    path: str  # /bucket/key, unquoted, without the query
+    query: str
+    range: str | None
+
+    @property
+    def key(self) -> str:
+        """The object key (path-style addressing: /bucket/key)."""
+        return self.path.split("/", 2)[2] if self.path.count("/") >= 2 else ""
+
+
+class RecordingS3Proxy:
+    def __init__(self, upstream: str) -> None:
+        target = urllib.parse.urlsplit(upstream)
+        self.upstream_host = target.hostname or LOOPBACK
+        self.upstream_port = target.port or 80
+        self.requests: list[S3Request] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                split = urllib.parse.urlsplit(self.path)
+                with proxy._lock:
+                    proxy.requests.append(
+                        S3Request(
+                            self.command,
+                            urllib.parse.unquote(split.path),
+                            split.query,
+                            self.headers.get("Range"),
+                        )
+                    )
+                upstream = http.client.HTTPConnection(
+                    proxy.upstream_host, proxy.upstream_port, timeout=60
+                )
+                try:
+                    upstream.putrequest(
+                        self.command, self.path, skip_host=True, skip_accept_encoding=True
+                    )
+                    for name, value in self.headers.items():
+                        if name.lower() not in HOP_BY_HOP:
+                            upstream.putheader(name, value)
+                    upstream.endheaders(body)
+                    response = upstream.getresponse()
+                    payload = response.read()
+                    self.send_response_only(response.status, response.reason)
+                    for name, value in response.getheaders():
+                        if name.lower() not in HOP_BY_HOP | {"content-length"}:
+                            self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                finally:
+                    upstream.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+        self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{LOOPBACK}:{self._server.server_address[1]}"
+
+    def take(self) -> list[S3Request]:
+        """The requests recorded since the last call."""
+        with self._lock:
+            taken, self.requests = self.requests, []
+        return taken
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
