@@ -146,6 +146,8 @@ class MetadataCatalog:
             record = decode_segment(item.value)
             if record.last_offset < state.log_start_offset:
                 continue  # retired by retention; its objects may be gone already
+            if record.base_offset >= state.high_watermark:
+                continue  # committed after the partition record was read
             found.append(
                 SegmentInfo(
                     base_offset=record.base_offset,
@@ -178,9 +180,8 @@ class ListingCatalog:
 
     def topics(self, selection: Selection) -> dict[str, int]:
         if selection.pattern:
-            names = {self._topic_of(info.key) for info in self.objects.list(f"{self.namespace}/")}
-            names.discard(None)
-            chosen = _select(selection, {n for n in names if n is not None}, self.description)
+            listed = (self._topic_of(info.key) for info in self.objects.list(f"{self.namespace}/"))
+            chosen = _select(selection, {n for n in listed if n is not None}, self.description)
         else:
             chosen = _select(
                 selection,

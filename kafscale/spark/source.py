@@ -65,7 +65,8 @@ class KafscaleReader(DataSourceReader):
         return [SlicePartition(part) for part in slices]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SlicePartition)
+        if not isinstance(partition, SlicePartition):
+            return  # Spark's stand-in partition when the plan found nothing to read
         part = partition.part
         yield from read_slice(_objects(self.options.storage), part, self.options.include_headers)
 

@@ -214,6 +214,13 @@ def test_spark_reads_back_every_record_per_offset(spark: Any, loaded: Any, reque
         by_partition.setdefault(row.partition, []).append(row.offset)
     for partition, offsets in by_partition.items():
         assert sorted(offsets) == list(range(len(offsets))), f"partition {partition} has gaps"
+    if s3 is not None:
+        # the bucket alone (no metadata store): the same records, found by listing
+        alone = {k: v for k, v in read_options(broker).items() if k != "etcdEndpoints"}
+        listed = collect(spark, alone)
+        assert sorted((r.partition, r.offset, r.value) for r in listed) == sorted(
+            (r.partition, r.offset, r.value) for r in rows
+        )
 
 
 def stored_codecs(broker: Any) -> set[int]:
@@ -257,6 +264,15 @@ def test_offset_and_timestamp_bounds_read_exactly_those_records(spark: Any, load
     got = {(r.partition, r.offset) for r in collect(spark, options)}
     # per partition, timestamps rise with offsets: the range is the records in [start, end)
     assert got == {key for key, item in produced.items() if start <= item.timestamp < end}
+
+    # a starting timestamp past every record: an error by default, else nothing to read
+    late = str(T0 + RECORDS * STEP_MS)
+    with pytest.raises(Exception, match="no record has a timestamp at or after"):
+        collect(spark, read_options(broker, startingTimestamp=late))
+    nothing = read_options(
+        broker, startingTimestamp=late, startingOffsetsByTimestampStrategy="latest"
+    )
+    assert collect(spark, nothing) == []
 
 
 def _json(offsets: dict[int, int]) -> str:
