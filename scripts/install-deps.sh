@@ -5,6 +5,8 @@
 #   python  .venv with `pip install -e '.[test,spark]'`
 #   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
 #           tests/java/pom.xml)
+#   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
+#   kafkajs   kafkajs and its codecs from npm (tests/compat/node/install.sh)
 # Usage: scripts/install-deps.sh [STEP...]   (default: every step, in the order above)
 # Idempotent: each step checks a stamp or the installed state first and is a no-op when current,
 # so a rerun takes seconds. Safe under `set -euo pipefail`, CI=true and no stdin. Runs are
@@ -198,12 +200,18 @@ install_java() {
         echo lib-*/kafka-clients-*.jar tools-4/kafka-tools-[0-9]*.jar)"
 }
 
+# --- compatibility drivers (each step's script prints its own line) -------------------------
+install_franz_go() { bash "$ROOT/tests/compat/go/install.sh"; }
+install_kafkajs() { bash "$ROOT/tests/compat/node/install.sh"; }
+
 # With arguments, only the named steps run (scripts/serve.sh needs just `python`).
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(apt minio python java)
+[[ ${#steps[@]} -gt 0 ]] || steps=(apt minio python java franz-go kafkajs)
 for name in "${steps[@]}"; do
     case $name in
         apt | minio | python | java) "install_$name" ;;
-        *) die "$name" "unknown step (known: apt minio python java)" ;;
+        franz-go) install_franz_go ;;
+        kafkajs) install_kafkajs ;;
+        *) die "$name" "unknown step (known: apt minio python java franz-go kafkajs)" ;;
     esac
 done
