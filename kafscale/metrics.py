@@ -11,6 +11,11 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 REQUESTS = Counter("kafscale_requests", "Kafka requests handled", ["api"])
+REQUESTS_ABANDONED = Counter(
+    "kafscale_requests_abandoned",
+    "Requests cancelled because their client went away (parked fetches)",
+    ["api"],
+)
 REQUEST_ERRORS = Counter(
     "kafscale_request_errors", "Requests that closed their connection", ["reason"]
 )

@@ -8,6 +8,11 @@ that the reader stops reading (TCP back-pressure) instead of buffering without b
 A decode error (bad frame length, garbage, unknown API key) ends the connection after the
 responses to the requests before it are written, with one log line saying why. Nothing that
 happens on one connection affects another.
+
+A client that goes away (EOF or reset) will read no more responses. Its parked fetches are
+cancelled at once rather than waiting out their max wait (which would also hold up a shutdown);
+every other request still runs to its end, as in Kafka: an acks=0 produce from a client that
+closed right after sending must still land.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from kafscale.protocol.framing import FrameDecoder
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
+ABANDONABLE = {1}  # API keys safe to cut short when the client is gone: Fetch
 READ_CHUNK = 256 * 1024
 JOIN_BELOW = 16 * 1024
 
@@ -44,12 +50,16 @@ class Connection:
             asyncio.Queue(MAX_IN_FLIGHT)
         )
         self._closing = asyncio.Event()
+        self._peer_gone = False
+        self._abandonable: set[asyncio.Task[requests.Response | None]] = set()
 
     async def serve(self) -> None:
         metrics.CONNECTIONS.inc()
         writer_task = asyncio.create_task(self._write_responses())
         try:
             await self._read_requests()
+            if self._peer_gone:
+                self._abandon()
         finally:
             await self._in_flight.put(None)
             await writer_task
@@ -74,16 +84,27 @@ class Connection:
                     return
                 data = read.result()
                 if not data:
+                    self._peer_gone = True
                     return
                 metrics.BYTES_IN.inc(len(data))
                 for frame in decoder.feed(data):
-                    await self._in_flight.put(asyncio.create_task(self._process(frame)))
+                    task = asyncio.create_task(self._process(frame))
+                    if _api_key(frame) in ABANDONABLE:
+                        self._abandonable.add(task)
+                        task.add_done_callback(self._abandonable.discard)
+                    await self._in_flight.put(task)
         except DecodeError as exc:
             self._reject(exc)
         except (ConnectionError, OSError):
-            pass
+            self._peer_gone = True
         finally:
             closing.cancel()
+
+    def _abandon(self) -> None:
+        """Cancel the requests nobody will read the answer to (see the module docstring)."""
+        for task in list(self._abandonable):
+            if task.cancel():
+                metrics.REQUESTS_ABANDONED.labels("Fetch").inc()
 
     async def _process(self, frame: bytes) -> requests.Response | None:
         started = time.perf_counter()
@@ -102,7 +123,10 @@ class Connection:
                 task.cancel()
                 continue
             try:
-                response = await task
+                await asyncio.wait((task,))
+                if task.cancelled():  # abandoned: its client is gone
+                    continue
+                response = task.result()
                 if response is not None and not self.writer.is_closing():
                     if isinstance(response, bytes):
                         self.writer.write(response)
@@ -151,6 +175,13 @@ def _write_pieces(writer: asyncio.StreamWriter, pieces: list[bytes | memoryview]
     if small:
         writer.write(b"".join(small))
     return total
+
+
+def _api_key(frame: bytes) -> int:
+    try:
+        return codec.peek_header(frame)[0]
+    except DecodeError:
+        return -1
 
 
 def _api_label(frame: bytes) -> str:

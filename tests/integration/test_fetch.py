@@ -39,8 +39,16 @@ def fetch(
     correlation_id: int = 1,
 ) -> Any:
     """One partition's part of a Fetch v12 response."""
+    request = fetch_request(topic, partition, offset, max_bytes, max_wait_ms)
+    wire.send(request, correlation_id)
+    got_id, response = wire.read_response(FETCH_RESPONSE)
+    assert got_id == correlation_id
+    return response.responses[0].partitions[0]
+
+
+def fetch_request(topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int) -> Any:
     schema = load_request_schema(1, FETCH_VERSION)
-    request = codec.build(
+    return codec.build(
         schema,
         replica_id=-1,
         max_wait=datetime.timedelta(milliseconds=max_wait_ms),
@@ -66,10 +74,6 @@ def fetch(
         forgotten_topics_data=(),
         rack_id="",
     )
-    wire.send(request, correlation_id)
-    got_id, response = wire.read_response(FETCH_RESPONSE)
-    assert got_id == correlation_id
-    return response.responses[0].partitions[0]
 
 
 def records_of(blob: bytes | None) -> list[batches.Record]:
@@ -168,6 +172,43 @@ def test_tail_consumer_gets_new_records_promptly_and_idles_cheaply(
     assert max(latencies) < flush_interval_s + 1.0, latencies
     assert idle_cpu < 0.1 * idle_window, f"{idle_cpu:.2f} CPU-s in {idle_window:.1f} s idle"
     assert "kafscale_fetch_wait_seconds_count" in broker.metrics_text()
+
+
+def test_a_parked_fetch_is_abandoned_when_its_client_goes_away(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Kafka drops the in-flight work of a closed connection: a long poll whose client is gone
+    must not be served out to its max wait (holding a task, and a shutdown, for up to that)."""
+    from aiokafka import AIOKafkaProducer
+
+    broker = start_broker()
+    broker.wait_ready()
+
+    async def produce_one() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks=1)
+        await producer.start()
+        await producer.send_and_wait("parked", b"only")
+        await producer.stop()
+
+    asyncio.run(produce_one())
+    wait_committed(broker, "parked", 0, 1)
+    address = ("127.0.0.1", int(broker.bootstrap.rsplit(":", 1)[1]))
+    with Wire(address) as wire:
+        # at the end of the log, waiting up to 2 minutes for one byte
+        wire.send(fetch_request("parked", 0, 1, 1024, max_wait_ms=120_000))
+        deadline = time.monotonic() + 30
+        while metric(broker.metrics_text(), "kafscale_fetches_waiting") < 1:
+            assert time.monotonic() < deadline, "the fetch never parked"
+            time.sleep(0.1)
+    # the client is gone: the frontend cancels the fetch long before its 2 minutes
+    deadline = time.monotonic() + 30
+    while metric(broker.metrics_text(), "kafscale_requests_abandoned_total") < 1:
+        assert time.monotonic() < deadline, "the parked fetch was not abandoned"
+        time.sleep(0.2)
+    # and other clients are served as before
+    with Wire(address) as wire:
+        part = fetch(wire, "parked", 0, 0)
+        assert [r.value for r in records_of(part.records)] == [b"only"]
 
 
 def test_cold_read_from_the_middle_of_a_segment_is_a_ranged_get(
