@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from tests.compat.common import create_topic
 from tests.harness.broker import BrokerProcess
 from tests.harness.franz_go import FranzGo
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import CODECS, Ack, Client, ConfluentKafka, Consumed, Record
 from tests.integration.test_roundtrip import (
-    MAX_MESSAGE_BYTES,
     PARTITIONS,
     READ_TIMEOUT,
     assert_same,
@@ -42,14 +42,6 @@ def franz_go() -> FranzGo:
         return FranzGo()
     except HarnessError as exc:
         pytest.fail(str(exc), pytrace=False)
-
-
-def create_topic(broker: BrokerProcess, topic: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-    admin.create_topics([NewTopic(topic, len(PARTITIONS), 1, config=config)])[topic].result(30)
 
 
 def produce(

@@ -25,8 +25,7 @@ from tests.harness.roundtrip import (
     _b64,
     _compression,
     _missing_acks,
-    _stream,
-    _unb64,
+    stream_consumed,
 )
 
 DRIVER = TOOLS_BIN / "kafscale-franz-go"
@@ -98,31 +97,7 @@ class FranzGo:
             "--count", str(count),
             "--timeout-ms", str(int(timeout * 1000)),
         ]  # fmt: skip
-        received: list[Consumed] = []
-
-        def on_line(line: bytes) -> bool:
-            fields = json.loads(line)
-            if "ready" in fields or "done" in fields:
-                return "ready" in fields
-            received.append(
-                Consumed(
-                    topic=fields["topic"],
-                    partition=fields["partition"],
-                    offset=fields["offset"],
-                    key=_unb64(fields["key_b64"]),
-                    value=_unb64(fields["value_b64"]),
-                    headers=tuple((name, _unb64(value)) for name, value in fields["headers"]),
-                    timestamp=fields["timestamp"],
-                )
-            )
-            return False
-
         # The driver stops by itself at the deadline; the margin covers listing offsets.
-        _stream(
-            argv,
-            what=f"franz-go consume {','.join(topics)} from {start}",
-            timeout=timeout + 30,
-            on_line=on_line,
-            on_ready=on_ready if on_ready is not None else lambda: None,
+        return stream_consumed(
+            argv, f"franz-go consume {','.join(topics)} from {start}", timeout + 30, on_ready
         )
-        return received

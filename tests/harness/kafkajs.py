@@ -28,7 +28,7 @@ from tests.harness.roundtrip import (
     _compression,
     _java_record,
     _stream,
-    _unb64,
+    consumed_from_json,
 )
 
 NODE_DIR = ROOT / "tests" / "compat" / "node"
@@ -126,17 +126,7 @@ class KafkaJs:
             if "done" in fields:
                 done.append(fields["received"])
                 return False
-            received.append(
-                Consumed(
-                    topic=fields["topic"],
-                    partition=fields["partition"],
-                    offset=fields["offset"],
-                    key=_unb64(fields["key_b64"]),
-                    value=_unb64(fields["value_b64"]),
-                    headers=tuple((name, _unb64(value)) for name, value in fields["headers"]),
-                    timestamp=fields["timestamp"],
-                )
-            )
+            received.append(consumed_from_json(fields))
             return False
 
         # The driver stops by itself at the deadline; the extra time covers the group's join.

@@ -678,34 +678,46 @@ class JavaClients:
             "--count", str(count),
             "--timeout-ms", str(int(timeout * 1000)),
         )  # fmt: skip
-        received: list[Consumed] = []
-
-        def on_line(line: bytes) -> bool:
-            fields = json.loads(line)
-            if "ready" in fields or "done" in fields:
-                return "ready" in fields
-            received.append(
-                Consumed(
-                    topic=fields["topic"],
-                    partition=fields["partition"],
-                    offset=fields["offset"],
-                    key=_unb64(fields["key_b64"]),
-                    value=_unb64(fields["value_b64"]),
-                    headers=tuple((name, _unb64(value)) for name, value in fields["headers"]),
-                    timestamp=fields["timestamp"],
-                )
-            )
-            return False
-
         # The probe stops by itself at the deadline; the extra time covers the JVM's start.
-        _stream(
-            argv,
-            what=f"{self.name} consume {','.join(topics)} from {start}",
-            timeout=timeout + 30,
-            on_line=on_line,
-            on_ready=on_ready if on_ready is not None else lambda: None,
+        return stream_consumed(
+            argv, f"{self.name} consume {','.join(topics)} from {start}", timeout + 30, on_ready
         )
-        return received
+
+
+def consumed_from_json(fields: dict[str, Any]) -> Consumed:
+    """A record as the Java probe and the franz-go and kafkajs drivers print it (base64 bytes)."""
+    return Consumed(
+        topic=fields["topic"],
+        partition=fields["partition"],
+        offset=fields["offset"],
+        key=_unb64(fields["key_b64"]),
+        value=_unb64(fields["value_b64"]),
+        headers=tuple((name, _unb64(value)) for name, value in fields["headers"]),
+        timestamp=fields["timestamp"],
+    )
+
+
+def stream_consumed(
+    argv: list[str], what: str, timeout: float, on_ready: OnReady | None
+) -> list[Consumed]:
+    """Run a consuming driver that prints {"ready": ...}, then records, then {"done": ...}."""
+    received: list[Consumed] = []
+
+    def on_line(line: bytes) -> bool:
+        fields = json.loads(line)
+        if "ready" in fields or "done" in fields:
+            return "ready" in fields
+        received.append(consumed_from_json(fields))
+        return False
+
+    _stream(
+        argv,
+        what=what,
+        timeout=timeout,
+        on_line=on_line,
+        on_ready=on_ready if on_ready is not None else lambda: None,
+    )
+    return received
 
 
 def _java_record(record: Record) -> dict[str, Any]:
