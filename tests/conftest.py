@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import pytest
 
+from tests.compat.matrix import tag
 from tests.harness.broker import BrokerFactory, unique_bucket_name
 from tests.harness.clients import JavaProbe, find_java, find_kcat
 from tests.harness.etcd import EtcdServer
@@ -25,6 +26,12 @@ from tests.harness.minio import MinioServer
 from tests.harness.procs import HarnessError
 
 T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The compatibility matrix's cells each test proves, as `compat` user properties (JUnit
+    XML carries them to tests/compat/report.py; see tests/compat/matrix.py)."""
+    tag(items)
 
 
 def _or_fail(make: Callable[[], T]) -> T:

@@ -59,6 +59,7 @@ def produce(
     return expected_records(topic, records, acks, {})
 
 
+@pytest.mark.compat("produce", "franz-go")
 @pytest.mark.parametrize("codec", CODECS)
 def test_confluent_reads_what_franz_go_produced(
     kafscale: BrokerProcess, franz_go: FranzGo, codec: str
@@ -81,6 +82,7 @@ def test_confluent_reads_what_franz_go_produced(
     assert_same(got, expected, f"confluent-kafka reading what franz-go wrote with {codec}")
 
 
+@pytest.mark.compat("earliest", "franz-go")
 def test_franz_go_reads_confluent_from_earliest(kafscale: BrokerProcess, franz_go: FranzGo) -> None:
     topic = "confluent-earliest"
     create_topic(kafscale, topic)
@@ -93,6 +95,7 @@ def test_franz_go_reads_confluent_from_earliest(kafscale: BrokerProcess, franz_g
     assert_same(got, expected, "franz-go reading what confluent-kafka wrote, from earliest")
 
 
+@pytest.mark.compat("latest", "franz-go")
 def test_franz_go_from_latest_sees_only_new_records(
     kafscale: BrokerProcess, franz_go: FranzGo
 ) -> None:
@@ -122,6 +125,7 @@ def test_franz_go_from_latest_sees_only_new_records(
     assert_same(got, expected, "franz-go reading from latest")
 
 
+@pytest.mark.compat("timestamp", "franz-go")
 def test_franz_go_from_timestamp_starts_at_first_record_at_or_after_it(
     kafscale: BrokerProcess, franz_go: FranzGo
 ) -> None:

@@ -83,6 +83,7 @@ def mixed_headers(records: Sequence[Record]) -> bool:
     return False
 
 
+@pytest.mark.compat("produce", "kafkajs")
 @pytest.mark.parametrize("codec", CODECS)
 def test_confluent_reads_what_kafkajs_produced(
     kafscale: BrokerProcess, kafkajs: KafkaJs, codec: str
@@ -103,6 +104,7 @@ def test_confluent_reads_what_kafkajs_produced(
     assert_same(got, expected, f"confluent-kafka reading what kafkajs wrote with {codec}")
 
 
+@pytest.mark.compat("earliest", "kafkajs")
 def test_kafkajs_reads_confluent_from_earliest(kafscale: BrokerProcess, kafkajs: KafkaJs) -> None:
     topic = "kafkajs-earliest"
     create_topic(kafscale, topic)
@@ -115,6 +117,7 @@ def test_kafkajs_reads_confluent_from_earliest(kafscale: BrokerProcess, kafkajs:
     assert_same(got, expected, "kafkajs reading what confluent-kafka wrote, from earliest")
 
 
+@pytest.mark.compat("latest", "kafkajs")
 def test_kafkajs_from_latest_sees_only_new_records(
     kafscale: BrokerProcess, kafkajs: KafkaJs
 ) -> None:
@@ -142,6 +145,7 @@ def test_kafkajs_from_latest_sees_only_new_records(
     assert_same(got, new[0], "kafkajs reading from latest")
 
 
+@pytest.mark.compat("timestamp", "kafkajs")
 def test_kafkajs_from_timestamp_starts_at_first_record_at_or_after_it(
     kafscale: BrokerProcess, kafkajs: KafkaJs
 ) -> None:

@@ -1,8 +1,10 @@
 """Consumer-group members as background processes, the same for every client, for group tests.
 
-A member is the Java probe's `group-consume` (kafka-clients 3.9 or 4.x) or its Python twin
-`python -m tests.harness.group_consumer` (aiokafka, confluent-kafka, kafka-python): both take the
-same options and print the same JSON lines (see GroupCommands.java), which a thread per process
+A member is the Java probe's `group-consume` (kafka-clients 3.9 or 4.x), its Python twin
+`python -m tests.harness.group_consumer` (aiokafka, confluent-kafka, kafka-python), the franz-go
+and kafkajs drivers' `group-consume` (tests/compat/go, tests/compat/node) or kcat -G through
+`python -m tests.harness.kcat_group`: all take the same options and print the same JSON lines
+(see GroupCommands.java), which a thread per process
 reads into a list of `Event`s while it runs. So a scenario is written once and run per client:
 
     consumers = [group_consumers.start(client, bootstrap, ["t"], "g", assignor="range")
@@ -33,7 +35,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tests.harness.clients import JavaProbe
+from tests.harness.franz_go import FranzGo
 from tests.harness.group_consumer import ASSIGNORS as PYTHON_ASSIGNORS
+from tests.harness.kafkajs import KafkaJs
 from tests.harness.paths import ROOT
 from tests.harness.procs import HarnessError, wait_until
 
@@ -41,13 +45,16 @@ T = TypeVar("T")
 TP = tuple[str, int]
 
 JAVA_CLIENTS = {"java-3.9": "3.9", "java-4": "4"}
-CLIENTS = (*JAVA_CLIENTS, "aiokafka", "confluent-kafka", "kafka-python")
+# Members that are other programs: the drivers of tests/compat and the kcat wrapper.
+DRIVER_CLIENTS = ("franz-go", "kafkajs", "kcat")
+CLIENTS = (*JAVA_CLIENTS, "aiokafka", "confluent-kafka", "kafka-python", *DRIVER_CLIENTS)
+EVERY_ASSIGNOR = frozenset({"range", "roundrobin", "sticky", "cooperative-sticky"})
 ASSIGNORS: dict[str, frozenset[str]] = {
-    **{
-        name: frozenset({"range", "roundrobin", "sticky", "cooperative-sticky"})
-        for name in JAVA_CLIENTS
-    },
+    **{name: EVERY_ASSIGNOR for name in JAVA_CLIENTS},
     **{name: frozenset(names) for name, names in PYTHON_ASSIGNORS.items()},
+    "franz-go": EVERY_ASSIGNOR,
+    "kafkajs": frozenset({"roundrobin"}),
+    "kcat": frozenset({"range", "roundrobin", "cooperative-sticky"}),
 }
 STOP_TIMEOUT = 30.0
 
@@ -297,7 +304,10 @@ class GroupConsumer:
     def _signal(self, signum: int) -> None:
         if self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                self._proc.send_signal(signum)
+                if signum == signal.SIGKILL:  # the member's own children too (kcat's wrapper)
+                    os.killpg(self._proc.pid, signum)
+                else:
+                    self._proc.send_signal(signum)
 
     def _reap(self, timeout: float) -> int:
         code = self._proc.wait(timeout)
@@ -368,6 +378,12 @@ class GroupConsumers:
                 client,
                 *options,
             ]
+        if client == "kcat":
+            return [sys.executable, "-m", "tests.harness.kcat_group", *options]
+        if client == "franz-go":
+            return FranzGo().group_argv(options)
+        if client == "kafkajs":
+            return KafkaJs().group_argv(options)
         raise ValueError(f"client must be one of {CLIENTS}, not {client!r}")
 
     def start(

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from tests.harness.drivers import run_admin
 from tests.harness.paths import ROOT
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import (
@@ -32,6 +33,7 @@ from tests.harness.roundtrip import (
 )
 
 NODE_DIR = ROOT / "tests" / "compat" / "node"
+GROUP_DRIVER = NODE_DIR / "group.js"
 DRIVER = NODE_DIR / "driver.js"
 INTEGER_LIKE_MAX = 2**32 - 2  # JavaScript orders such property names first
 
@@ -140,3 +142,19 @@ class KafkaJs:
         if not done:
             raise HarnessError(f"kafkajs consume never finished (got {len(received)} records)")
         return received
+
+    def admin(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        configs: dict[str, str] | None = None,
+        group: str | None = None,
+    ) -> dict[str, Any]:
+        """kafkajs's admin client: the same steps and output as FranzGo.admin."""
+        command = [self.node, str(GROUP_DRIVER), "admin"]
+        return run_admin("kafkajs", command, bootstrap, topic, partitions, configs, group)
+
+    def group_argv(self, options: Sequence[str]) -> list[str]:
+        """The command of a consumer-group member (tests/harness/groups.py)."""
+        return [self.node, str(GROUP_DRIVER), "group-consume", *options]

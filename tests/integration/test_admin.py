@@ -96,6 +96,7 @@ def consume_partition(bootstrap: str, topic: str, partition: int) -> list[bytes]
 
 
 # Legacy AlterConfigs is deprecated in clients, but Kafka 4 still serves it (and so do we).
+@pytest.mark.compat("admin", "confluent-kafka")
 @pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")
 def test_confluent_kafka_configs_and_partitions(running_broker: Any) -> None:
     from confluent_kafka.admin import (
@@ -170,6 +171,7 @@ def test_confluent_kafka_configs_and_partitions(running_broker: Any) -> None:
     assert cluster.cluster_id
 
 
+@pytest.mark.compat("admin", "kafka-python", "aiokafka")
 def test_kafka_python_and_aiokafka_admin(start_broker: Callable[..., Any]) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin import NewPartitions as AioNewPartitions
@@ -225,6 +227,7 @@ def test_kafka_python_and_aiokafka_admin(start_broker: Callable[..., Any]) -> No
     assert len(metadata.topics["events"].partitions) == 5
 
 
+@pytest.mark.compat("admin", "java-3.9", "java-4")
 @pytest.mark.java
 def test_java_admin_configs_and_partitions(
     start_broker: Callable[..., Any], java_probe: Any

@@ -20,6 +20,7 @@ def running_broker(request: pytest.FixtureRequest, start_broker: Callable[..., A
     return broker
 
 
+@pytest.mark.compat("admin", "kcat")
 def test_kcat_lists_the_broker(running_broker: Any, kcat: str) -> None:
     result = subprocess.run(
         [kcat, "-L", "-J", "-b", running_broker.bootstrap, "-m", "15"],
@@ -35,6 +36,7 @@ def test_kcat_lists_the_broker(running_broker: Any, kcat: str) -> None:
     assert listing["topics"] == []
 
 
+@pytest.mark.compat("admin", param="client_version", prefix="java-")
 @pytest.mark.java
 @pytest.mark.parametrize("client_version", ["3.9", "4"])
 def test_java_admin_describe_cluster(
@@ -50,6 +52,7 @@ def test_java_admin_describe_cluster(
     ]
 
 
+@pytest.mark.compat("admin", "confluent-kafka")
 def test_confluent_kafka_lists_topics(running_broker: Any) -> None:
     from confluent_kafka.admin import AdminClient
 
@@ -62,6 +65,7 @@ def test_confluent_kafka_lists_topics(running_broker: Any) -> None:
     assert len(metadata.cluster_id) == 22
 
 
+@pytest.mark.compat("admin", "aiokafka")
 def test_aiokafka_fetches_metadata(running_broker: Any) -> None:
     from aiokafka import AIOKafkaClient
 
@@ -81,6 +85,7 @@ def test_aiokafka_fetches_metadata(running_broker: Any) -> None:
     assert cluster.controller is not None and cluster.controller.nodeId == 0
 
 
+@pytest.mark.compat("admin", "kafka-python")
 def test_kafka_python_describes_the_cluster(running_broker: Any) -> None:
     from kafka import KafkaAdminClient
 

@@ -1,5 +1,6 @@
 """Consumer groups of every common client: members split a topic's partitions, a crashed member's
-partitions move to the others within the session timeout, nothing produced is lost; a static
+partitions move to the others within the session timeout, nothing produced is lost, and what the
+members processed is committed when they leave; a static
 member that restarts gets its partitions back without a rebalance; Kafka's own admin tools
 describe the group (members, assignments, offsets, lag)."""
 
@@ -25,10 +26,35 @@ PARTITIONS = 6
 FAILOVER_S = 60
 
 
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    wanted = [TopicPartition(topic, p) for p in range(partitions)]
+    request = [ConsumerGroupTopicPartitions(group, wanted)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    listed = admin.list_consumer_group_offsets(request)[group].result(30)
+    return [tp.offset for tp in sorted(listed.topic_partitions, key=lambda tp: tp.partition)]
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "end-offsets"})
+    try:
+        marks = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), 30) for p in range(partitions)
+        ]
+        return [high for _, high in marks]
+    finally:
+        consumer.close()
+
+
 def values(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(count)]
 
 
+@pytest.mark.compat("group", param="client")
 @pytest.mark.parametrize(
     ("client", "assignor"),
     [
@@ -37,6 +63,9 @@ def values(prefix: str, count: int) -> list[bytes]:
         pytest.param("java-4", "cooperative-sticky", id="java-4", marks=pytest.mark.java),
         pytest.param("confluent-kafka", "cooperative-sticky", id="confluent-kafka"),
         pytest.param("kafka-python", "roundrobin", id="kafka-python"),
+        pytest.param("kcat", "range", id="kcat-range"),
+        pytest.param("franz-go", "cooperative-sticky", id="franz-go"),
+        pytest.param("kafkajs", "roundrobin", id="kafkajs"),
     ],
 )
 def test_members_split_partitions_and_take_over_a_crashed_members_share(
@@ -88,10 +117,15 @@ def test_members_split_partitions_and_take_over_a_crashed_members_share(
     for member in survivors:
         assert member.terminate() == 0, member.report()
     assert set(produced) <= seen()  # at least once: nothing lost
+    # what the survivors processed, they committed before they left: the group is at the end
+    assert committed_offsets(broker.bootstrap, group, topic, PARTITIONS) == end_offsets(
+        broker.bootstrap, topic, PARTITIONS
+    )
     # the crash moved the partitions within the session timeout plus a rebalance
     assert moved_after < FAILOVER_S
 
 
+@pytest.mark.compat("group", "java-4")
 @pytest.mark.java
 def test_a_static_member_that_restarts_gets_its_partitions_back_without_a_rebalance(
     start_broker: Callable[..., Any], group_consumers: Any
@@ -129,6 +163,7 @@ def test_a_static_member_that_restarts_gets_its_partitions_back_without_a_rebala
     assert a.assignment == before_a
 
 
+@pytest.mark.compat("admin", "java-4")
 def test_kafka_tools_describe_groups_topics_and_configs(
     start_broker: Callable[..., Any], group_consumers: Any, kafka_tools: Any
 ) -> None:

@@ -61,6 +61,7 @@ def high_watermark(broker: Any, topic: str, partition: int) -> int:
 
 
 # Every codec and both backend sets, without the full cross product (CI time).
+@pytest.mark.compat("produce", "aiokafka")
 @pytest.mark.parametrize(
     ("backends", "compression"),
     [
@@ -207,6 +208,7 @@ def assert_exactly_once(
     assert seen == {prefix + b"-%d" % i: 1 for i in range(count)}
 
 
+@pytest.mark.compat("produce", param="client_version", prefix="java-")
 @pytest.mark.java
 @pytest.mark.parametrize(("backends", "client_version"), [("embedded", "3.9"), ("real", "4")])
 def test_java_producer_with_default_settings(
@@ -475,6 +477,7 @@ def _produce_kafka_python(bootstrap: str, topic: str, codec_name: str, count: in
 
 # The librdkafka clients and kafka-python with every codec, 10,000 records each (aiokafka and the
 # Java producers have their own tests above); both backend sets between them.
+@pytest.mark.compat("produce", param="client")
 @pytest.mark.parametrize(
     ("client", "backends"),
     [("kcat", "embedded"), ("confluent-kafka", "real"), ("kafka-python", "real")],
@@ -527,6 +530,7 @@ def test_client_produces_10000_records_with_every_codec(
     assert {1, 2, 3, 4} <= codecs_stored
 
 
+@pytest.mark.compat("produce", "kcat")
 def test_librdkafka_compresses_with_lz4(start_broker: Callable[..., Any], kcat: str) -> None:
     """librdkafka enables lz4 only when the broker advertises FindCoordinator (its LZ4 feature
     flag, rdkafka_feature.c); it does since consumer groups are served."""

@@ -374,6 +374,7 @@ def first_at_or_after(expected: Sequence[Consumed], timestamp: int) -> list[Cons
 # --- tests ------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat("produce", param="producer")
 @pytest.mark.parametrize("producer", client_params())
 def test_producer_gets_contiguous_acknowledgements(topics: Topics, producer: str) -> None:
     produced = topics.get(producer)  # acknowledgements are checked there
@@ -389,6 +390,8 @@ def test_producer_gets_contiguous_acknowledgements(topics: Topics, producer: str
         assert CODEC[producer] in stored and stored <= {CODEC[producer], "none", "snappy"}
 
 
+@pytest.mark.compat("earliest", param="consumer")
+@pytest.mark.compat("produce", param="producer")
 @pytest.mark.parametrize(("consumer", "producer"), pair_params())
 def test_consumer_reads_producer_from_earliest(
     topics: Topics, consumer: str, producer: str
@@ -408,6 +411,7 @@ def test_consumer_reads_producer_from_earliest(
     assert_same(got, produced.expected, f"{consumer} reading what {producer} wrote")
 
 
+@pytest.mark.compat("latest", param="client")
 @pytest.mark.parametrize("client", client_params())
 def test_consumer_from_latest_sees_only_new_records(topics: Topics, client: str) -> None:
     topic = f"rt-latest-{client}"
@@ -436,6 +440,7 @@ def test_consumer_from_latest_sees_only_new_records(topics: Topics, client: str)
     assert_same(got, produced.expected, f"{client} reading from latest")
 
 
+@pytest.mark.compat("timestamp", param="client")
 @pytest.mark.parametrize("client", client_params())
 def test_consumer_from_timestamp_starts_at_first_record_at_or_after_it(
     topics: Topics, client: str

@@ -41,6 +41,7 @@ def partitions(bootstrap: str) -> dict[str, int]:
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
 
 
+@pytest.mark.compat("create", "confluent-kafka")
 def test_confluent_kafka_creates_and_deletes_topics(running_broker: Any) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -70,6 +71,7 @@ def test_confluent_kafka_creates_and_deletes_topics(running_broker: Any) -> None
     assert partitions(bootstrap) == {"logs": 1}
 
 
+@pytest.mark.compat("create", param="client_version", prefix="java-")
 @pytest.mark.java
 @pytest.mark.parametrize("client_version", ["3.9", "4"])
 def test_java_admin_creates_and_deletes_topics(
@@ -106,6 +108,7 @@ def test_java_admin_creates_and_deletes_topics(
     assert recreated["topicId"] != created["topicId"] and recreated["partitions"] == 1
 
 
+@pytest.mark.compat("create", "aiokafka", "kafka-python")
 def test_aiokafka_and_kafka_python_create_topics(running_broker: Any) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin import NewTopic as AioNewTopic
@@ -130,6 +133,7 @@ def test_aiokafka_and_kafka_python_create_topics(running_broker: Any) -> None:
     assert partitions(running_broker.bootstrap) == {"from-kafka-python": 3}
 
 
+@pytest.mark.compat("create", "confluent-kafka")
 def test_metadata_auto_creates_topics(start_broker: Callable[..., Any]) -> None:
     from kafka import KafkaConsumer
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the franz-go driver of the compatibility tests (tests/harness/franz_go.py) into
 # .tools/bin/kafscale-franz-go, with modules from the Go module proxy (go.mod/go.sum pin them).
-# Idempotent: skipped when the stamp of go.mod, go.sum and main.go matches the last build.
+# Idempotent: skipped when the stamp of go.mod, go.sum and the .go files matches the last build.
 # Prints one line, like the steps of scripts/install-deps.sh.
 set -euo pipefail
 
@@ -26,7 +26,7 @@ say() { # one line with the step's duration
 }
 
 mkdir -p "$TOOLS/bin" "$TOOLS/logs"
-stamp="$(cd "$HERE" && cat go.mod go.sum main.go | sha256sum | cut -d' ' -f1)"
+stamp="$(cd "$HERE" && cat go.mod go.sum ./*.go | sha256sum | cut -d' ' -f1)"
 if [[ -x "$BIN" && -f "$STAMP" && "$(cat "$STAMP")" == "$stamp" ]]; then
     say "kafscale-franz-go up to date"
     exit 0

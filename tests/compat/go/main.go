@@ -10,6 +10,9 @@
 //	    {"topic":..,"partition":..,"offset":..,"key_b64":..,"value_b64":..,"headers":[[..]],"timestamp":ms},
 //	    then {"done":true} after N records or the timeout.
 //
+//	kafscale-franz-go group-consume ...   a consumer-group member (group.go)
+//	kafscale-franz-go admin ...           create and describe with pkg/kadm (admin.go)
+//
 // Errors go to stderr and make the exit status 1.
 package main
 
@@ -58,7 +61,7 @@ var out = json.NewEncoder(os.Stdout) // unbuffered: each line is written at once
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(errors.New("usage: kafscale-franz-go produce|consume [flags]"))
+		fail(errors.New("usage: kafscale-franz-go produce|consume|group-consume|admin [flags]"))
 	}
 	var err error
 	switch os.Args[1] {
@@ -66,6 +69,10 @@ func main() {
 		err = produce(os.Args[2:])
 	case "consume":
 		err = consume(os.Args[2:])
+	case "group-consume":
+		err = groupConsume(os.Args[2:])
+	case "admin":
+		err = admin(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

@@ -351,8 +351,6 @@ async function readStdin() {
 async function main() {
   const text = process.argv.length > 2 ? process.argv[2] : await readStdin()
   const command = JSON.parse(text)
-  zstdReady = zstd.init()
-  await zstdReady
   if (command.op === 'produce') await produce(command)
   else if (command.op === 'consume') await consume(command)
   else throw new Refused(`unknown op ${command.op}`)
@@ -362,10 +360,18 @@ async function main() {
 // them (a long line of a 1 MiB value), while a callback runs after every earlier write.
 const exit = code => process.stdout.write('', () => process.exit(code))
 
-main().then(
-  () => exit(0),
-  error => {
-    process.stderr.write(`${error instanceof Refused ? 'refused' : 'error'}: ${error.stack}\n`)
-    exit(error instanceof Refused ? 2 : 1)
-  }
-)
+// Runs `body` (an async function), then exits 0; a Refused error exits 2, any other 1.
+function runMain(body) {
+  zstdReady = zstd.init()
+  zstdReady.then(body).then(
+    () => exit(0),
+    error => {
+      process.stderr.write(`${error instanceof Refused ? 'refused' : 'error'}: ${error.stack}\n`)
+      exit(error instanceof Refused ? 2 : 1)
+    }
+  )
+}
+
+module.exports = { kafka, print, runMain, Refused }
+
+if (require.main === module) runMain(main)
