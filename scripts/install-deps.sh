@@ -7,6 +7,8 @@
 #           tests/java/pom.xml)
 #   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
 #   kafkajs   kafkajs and its codecs from npm (tests/compat/node/install.sh)
+#   spark-kafka  Spark's Kafka source jars from Maven Central into tests/compat/spark/target/jars
+#                (tests/compat/spark/install.sh)
 # Usage: scripts/install-deps.sh [STEP...]   (default: every step, in the order above)
 # Idempotent: each step checks a stamp or the installed state first and is a no-op when current,
 # so a rerun takes seconds. Safe under `set -euo pipefail`, CI=true and no stdin. Runs are
@@ -203,15 +205,17 @@ install_java() {
 # --- compatibility drivers (each step's script prints its own line) -------------------------
 install_franz_go() { bash "$ROOT/tests/compat/go/install.sh"; }
 install_kafkajs() { bash "$ROOT/tests/compat/node/install.sh"; }
+install_spark_kafka() { bash "$ROOT/tests/compat/spark/install.sh"; }
 
 # With arguments, only the named steps run (scripts/serve.sh needs just `python`).
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(apt minio python java franz-go kafkajs)
+[[ ${#steps[@]} -gt 0 ]] || steps=(apt minio python java franz-go kafkajs spark-kafka)
 for name in "${steps[@]}"; do
     case $name in
         apt | minio | python | java) "install_$name" ;;
         franz-go) install_franz_go ;;
         kafkajs) install_kafkajs ;;
-        *) die "$name" "unknown step (known: apt minio python java franz-go kafkajs)" ;;
+        spark-kafka) install_spark_kafka ;;
+        *) die "$name" "unknown step (known: apt minio python java franz-go kafkajs spark-kafka)" ;;
     esac
 done

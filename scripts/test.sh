@@ -2,7 +2,8 @@
 # Install everything and run the whole test suite: the one command the README gives.
 #   scripts/test.sh [PYTEST ARGS...]     e.g. scripts/test.sh -k harness -x
 # Steps: scripts/install-deps.sh, ruff check, ruff format --check, mypy, pytest (xdist,
-# pytest-timeout). Every check runs even if an earlier one failed, so one run shows all
+# pytest-timeout, JUnit XML in .tools/results/junit.xml) and, after a full run, the check that
+# docs/compatibility.md's client matrix is the one this run proved (tests/compat/report.py). Every check runs even if an earlier one failed, so one run shows all
 # problems; the exit status is non-zero if any failed. pytest collecting no test (exit 5) is a
 # failure. PYTEST_WORKERS (default 2) and PYTEST_TIMEOUT (seconds per test, default 300) tune
 # pytest.
@@ -35,7 +36,9 @@ run "mypy" "$BIN/mypy"
 
 echo "=== pytest"
 set +e
-"$BIN/python" -m pytest -n "${PYTEST_WORKERS:-2}" --timeout "${PYTEST_TIMEOUT:-300}" "$@"
+mkdir -p .tools/results
+"$BIN/python" -m pytest -n "${PYTEST_WORKERS:-2}" --timeout "${PYTEST_TIMEOUT:-300}" \
+    --junitxml=.tools/results/junit.xml --durations=25 "$@"
 rc=$?
 set -e
 case $rc in
@@ -49,6 +52,12 @@ case $rc in
         failed+=("pytest")
         ;;
 esac
+
+# The published compatibility matrix (docs/compatibility.md) must be what this run proved; only
+# a full run proves every cell.
+if [[ $# -eq 0 ]]; then
+    run "compatibility matrix" "$BIN/python" -m tests.compat.report --check
+fi
 
 if [[ ${#failed[@]} -gt 0 ]]; then
     printf 'test.sh: FAILED:'

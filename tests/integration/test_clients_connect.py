@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kio.index import load_request_schema, load_response_schema
+
+from kafscale.protocol import codec
+
+from .test_fetch import produce_sequentially
+from .wire import Wire
 
 pytestmark = pytest.mark.integration
 
@@ -98,3 +105,50 @@ def test_kafka_python_describes_the_cluster(running_broker: Any) -> None:
         (0, "127.0.0.1", running_broker.port)
     ]
     assert cluster["controller_id"] == 0
+
+
+def test_kafka_python_takes_the_broker_for_kafka_4_and_list_offsets_v10_works(
+    start_broker: Callable[..., Any],
+) -> None:
+    # kafka-python infers the broker's release from ApiVersions; for 4.0 it looks for ListOffsets
+    # v10 (KIP-1075). Taken for a 3.9 broker, it expects Kafka 3's answers (e.g. DescribeConfigs).
+    from kafka import KafkaConsumer
+
+    running_broker = start_broker()
+    running_broker.wait_ready()
+    consumer = KafkaConsumer(bootstrap_servers=running_broker.bootstrap, api_version=None)
+    try:
+        assert consumer.config["api_version"] == (4, 0)
+    finally:
+        consumer.close()
+
+    # v10 adds only TimeoutMs (a bound on remote-storage lookups) to the request.
+    produce_sequentially(running_broker.bootstrap, "offsets-v10", [b"a", b"b", b"c"], acks=-1)
+    schema = load_request_schema(2, 10)
+
+    def list_offset(wire: Wire, timestamp: int) -> tuple[int, int]:
+        partition = codec.build(
+            codec.nested(schema, "ListOffsetsPartition"),
+            partition_index=0,
+            current_leader_epoch=-1,
+            timestamp=timestamp,
+        )
+        topic = codec.build(
+            codec.nested(schema, "ListOffsetsTopic"), name="offsets-v10", partitions=(partition,)
+        )
+        request = codec.build(
+            schema,
+            replica_id=-1,
+            isolation_level=0,
+            timeout=datetime.timedelta(seconds=5),
+            topics=(topic,),
+        )
+        wire.send(request, correlation_id=7)
+        correlation_id, response = wire.read_response(load_response_schema(2, 10))
+        assert correlation_id == 7
+        [answer] = response.topics[0].partitions
+        return int(answer.error_code), int(answer.offset)
+
+    with Wire(("127.0.0.1", running_broker.port)) as wire:
+        assert list_offset(wire, -1) == (0, 3)  # latest
+        assert list_offset(wire, -2) == (0, 0)  # earliest

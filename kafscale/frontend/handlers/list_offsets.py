@@ -1,4 +1,4 @@
-"""ListOffsets (key 2), v1-v9 (Kafka 4's range): the offset for a timestamp, per partition.
+"""ListOffsets (key 2), v1-v10 (Kafka 4's range): the offset for a timestamp, per partition.
 
 Special timestamps: -1 latest (the high watermark, or the log end when unflushed data is served),
 -2 earliest (the log start), -3 (v7+) the first record with the largest timestamp, -4 (v8+)
@@ -6,7 +6,10 @@ earliest local = earliest (all of the log is equally "local"), -5 (v9+) latest t
 as Kafka answers for a topic without tiered storage. A timestamp >= 0 finds the first offset whose
 record has a timestamp >= it, reading at most the one segment that holds it; none gives offset -1.
 Each partition is answered by the shard that owns it. The isolation level is accepted: without
-transactions the last stable offset is the high watermark.
+transactions the last stable offset is the high watermark. v10 (KIP-1075, Kafka 4.0) only adds
+TimeoutMs, how long a tiered-storage broker may spend on a remote lookup; it is ignorable, and
+ours are bounded by SHARD_TIMEOUT_S. Clients tell Kafka 4.0 from 3.9 by this version (kafka-python
+infers the broker's release from it), so serving v9 only makes KafScale look like a 3.9 broker.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from kafscale.protocol.errors import ErrorCode
 from kafscale.shards.partition import LEADER_EPOCH
 
 API_KEY = 2
-MIN_VERSION, MAX_VERSION = 1, 9
+MIN_VERSION, MAX_VERSION = 1, 10
 SHARD_TIMEOUT_S = 30.0
 SPECIAL_LATEST = -1
 # The oldest version that may ask for each special timestamp.

@@ -132,7 +132,7 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
     assert advertised == {
         0: (0, 11),
         1: (4, 17),
-        2: (1, 9),
+        2: (1, 10),
         3: (0, 12),
         8: (2, 9),
         9: (1, 9),
@@ -527,3 +527,61 @@ def test_produce_v0_with_acks_0_gets_no_answer() -> None:
 def test_truncated_produce_v0_is_malformed() -> None:
     with pytest.raises(MalformedRequest):
         process(make_broker(), legacy_produce(1, acks=1)[:-10])
+
+
+def find_coordinator(version: int, *groups: str, key_type: int = 0) -> Any:
+    schema = load_request_schema(10, version)
+    if version >= 4:
+        return codec.build(schema, key_type=key_type, coordinator_keys=groups)
+    return codec.build(schema, key=groups[0], key_type=key_type)
+
+
+@pytest.mark.parametrize("version", [0, 3, 4, 6])
+def test_a_group_lookup_creates_consumer_offsets_as_an_internal_topic(version: int) -> None:
+    # franz-go's TestConsumeRegex: after FindCoordinator, Metadata must list __consumer_offsets
+    # with is_internal (Kafka creates it on the first lookup), so regex consumers leave it out.
+    broker = make_broker(KAFSCALE_AUTO_CREATE_TOPICS="false")
+    coordinator = broker.coordinator
+    assert isinstance(coordinator, FakeCoordinator)
+    process(broker, request_frame(find_coordinator(version, "g")))
+    process(broker, request_frame(find_coordinator(version, "h")))
+    assert coordinator.created == ["__consumer_offsets"]  # once, whatever auto-creation says
+    frame = process(broker, request_frame(metadata(12, None)))
+    assert frame is not None
+    listed = {
+        t.name: (t.is_internal, len(t.partitions)) for t in decode_response(frame, 3, 12)[1].topics
+    }
+    assert listed == {"orders": (False, 3), "__consumer_offsets": (True, 0)}
+
+
+def test_a_transaction_coordinator_lookup_creates_nothing() -> None:
+    broker = make_broker()
+    frame = process(broker, request_frame(find_coordinator(4, "txn", key_type=1)))
+    assert frame is not None
+    [found] = decode_response(frame, 10, 4)[1].coordinators
+    assert found.error_code == ErrorCode.invalid_request
+    assert isinstance(broker.coordinator, FakeCoordinator) and broker.coordinator.created == []
+
+
+def test_produce_to_an_internal_topic_is_refused_and_creates_nothing() -> None:
+    broker = make_broker()
+    schema = load_request_schema(0, 9)
+    partition = codec.build(codec.nested(schema, "PartitionProduceData"), index=0, records=b"x")
+    topic = codec.build(
+        codec.nested(schema, "TopicProduceData"),
+        name="__consumer_offsets",
+        partition_data=(partition,),
+    )
+    request = codec.build(
+        schema,
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(topic,),
+    )
+    frame = process(broker, request_frame(request))
+    assert frame is not None
+    [answered] = decode_response(frame, 0, 9)[1].responses
+    [result] = answered.partition_responses
+    assert result.error_code == ErrorCode.invalid_topic_exception
+    assert isinstance(broker.coordinator, FakeCoordinator) and broker.coordinator.created == []
