@@ -2,7 +2,9 @@
 
 Every write is a compare-and-set (``kafscale.coordinator.topics`` explains the deletion marker).
 A deletion interrupted by a crash is finished when the coordinator starts again
-(``resume_deletions``), so no topic's objects outlive it.
+(``resume_deletions``), so no topic's objects outlive it. A topic can hold thousands of segments
+and the coordinator serves groups and keeps the broker's lease on the same thread, so a deletion
+removes objects and metadata keys in batches (S3 DeleteObjects, transactions of many deletes).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from kafscale.protocol.errors import ErrorCode
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
+
+MAX_OPERATIONS = 100  # per transaction (etcd allows 128)
 
 
 class TopicAdmin:
@@ -113,8 +117,7 @@ class TopicAdmin:
                 self.keys.topic_partitions(record.name),
                 self.keys.topic_segments(record.name),
             ):
-                for state in self.store.get_prefix(prefix):
-                    self.store.delete(state.key)
+                self._delete_keys(prefix)
             self.store.transaction(
                 [Compare(kv.key, mod_revision=kv.mod_revision)], [Delete(kv.key)]
             )
@@ -140,9 +143,14 @@ class TopicAdmin:
 
     def _delete_objects(self, topic: str) -> int:
         objects = self.objects.list(f"{self.namespace}/{topic}/")
-        for info in objects:
-            self.objects.delete(info.key)
+        self.objects.delete_many([info.key for info in objects])
         return len(objects)
+
+    def _delete_keys(self, prefix: str) -> None:
+        keys = [kv.key for kv in self.store.get_prefix(prefix)]
+        for start in range(0, len(keys), MAX_OPERATIONS):
+            batch = keys[start : start + MAX_OPERATIONS]
+            self.store.transaction([], [Delete(key) for key in batch])
 
     def _topics(self) -> dict[str, TopicRecord]:
         found = {}

@@ -8,6 +8,9 @@ the revision that was read), so two creators of one name cannot both win.
 Deleting a topic moves its record to ``deleting/{name}`` in one transaction, removes the topic's
 objects, then drops the marker. While the marker exists the name cannot be created again, so a
 re-created topic can never see an old segment (segment keys restart at offset 0).
+
+An internal topic (``__consumer_offsets``, created by the first FindCoordinator) is created with no
+partitions, whatever the request asked for.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata import topic_configs
 from kafscale.metadata.records import TopicRecord
-from kafscale.metadata.topic_names import name_error
+from kafscale.metadata.topic_names import INTERNAL_TOPICS, name_error
 from kafscale.protocol.errors import ErrorCode
 
 MAX_PARTITIONS = 100_000
@@ -81,7 +84,12 @@ def _check_one(
             f"topic {spec.name} is marked for deletion; retry shortly",
         )
     partitions = default_partitions if spec.partitions == -1 else spec.partitions
-    if not 1 <= partitions <= MAX_PARTITIONS:
+    if spec.name in INTERNAL_TOPICS:
+        # What Kafka writes to its internal topics (committed offsets) KafScale keeps in the
+        # metadata store. The topic only shows clients that it exists, as on Kafka: with no
+        # partitions there is nothing to read, and nothing to assign to a regex subscription.
+        partitions = 0
+    elif not 1 <= partitions <= MAX_PARTITIONS:
         return _error(
             spec.name,
             ErrorCode.invalid_partitions,

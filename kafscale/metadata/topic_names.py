@@ -9,6 +9,10 @@ from __future__ import annotations
 import re
 
 MAX_NAME_LENGTH = 249  # Kafka's Topic.MAX_NAME_LENGTH
+OFFSETS_TOPIC = "__consumer_offsets"  # Kafka's Topic.GROUP_METADATA_TOPIC_NAME
+# Kafka's Topic.INTERNAL_TOPICS: Metadata reports these is_internal by name, clients leave them
+# out of regex subscriptions, and Produce refuses them.
+INTERNAL_TOPICS = frozenset((OFFSETS_TOPIC, "__transaction_state", "__share_group_state"))
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 
 

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import os
 import uuid
+from collections.abc import Sequence
 
 from kafscale.storage.objects import (
     ObjectInfo,
@@ -190,6 +191,10 @@ class LocalObjectStore:
         # that has just created the directory and is about to write its temp file there.
         with contextlib.suppress(OSError):
             _fsync_directory(os.path.dirname(path))
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.delete(key)
 
     def check(self) -> None:
         probe = os.path.join(self._root, f"{TEMP_PREFIX}check-{uuid.uuid4().hex}")

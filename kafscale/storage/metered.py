@@ -8,9 +8,10 @@ hit ratio, and what the S3 bill is made of).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from kafscale import metrics
-from kafscale.storage.objects import ObjectInfo, ObjectStore
+from kafscale.storage.objects import DELETE_BATCH, ObjectInfo, ObjectStore
 
 
 class MeteredObjectStore:
@@ -44,6 +45,11 @@ class MeteredObjectStore:
     def delete(self, key: str) -> None:
         metrics.S3_REQUESTS.labels("delete").inc()
         self.inner.delete(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        # one DeleteObjects request per batch on S3
+        metrics.S3_REQUESTS.labels("delete").inc(-(-len(keys) // DELETE_BATCH))
+        self.inner.delete_many(keys)
 
     def check(self) -> None:
         self.inner.check()

@@ -15,6 +15,7 @@ Two real implementations sit behind it, chosen by configuration (``open_object_s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,9 @@ class ObjectNotFound(ObjectStoreError):
 
 class ObjectStoreUnavailable(ObjectStoreError):
     """The backend cannot be reached or refused us; the message names the endpoint."""
+
+
+DELETE_BATCH = 1000  # keys per S3 DeleteObjects request, the most S3 accepts
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,11 @@ class ObjectStore(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove ``key``; removing a missing key is not an error."""
+        ...
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove every key in ``keys`` (missing keys are not an error) in as few requests as the
+        backend allows: a deleted topic can have thousands of objects."""
         ...
 
     def check(self) -> None:

@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import boto3
@@ -31,6 +32,7 @@ from botocore.exceptions import (
 )
 
 from kafscale.storage.objects import (
+    DELETE_BATCH,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
@@ -230,6 +232,30 @@ class S3ObjectStore:
                 self._raise("delete", key, exc)
         except BotoCoreError as exc:
             self._raise("delete", key, exc)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start : start + DELETE_BATCH]
+            objects: Any = [{"Key": key} for key in batch]
+            try:
+                reply = self._client.delete_objects(
+                    Bucket=self._bucket, Delete={"Objects": objects, "Quiet": True}
+                )
+            except ClientError as exc:
+                if _error_code(exc) != "NotImplemented":
+                    self._raise("delete", batch[0], exc)
+                for key in batch:  # an S3-compatible store without DeleteObjects
+                    self.delete(key)
+                continue
+            except BotoCoreError as exc:
+                self._raise("delete", batch[0], exc)
+            failed = [e for e in reply.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
+            if failed:
+                first = failed[0]
+                raise ObjectStoreError(
+                    f"{self._where()}: cannot delete {first.get('Key')!r} "
+                    f"({first.get('Code')}: {first.get('Message')}) and {len(failed) - 1} more"
+                )
 
     def check(self) -> None:
         try:

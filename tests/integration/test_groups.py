@@ -200,3 +200,53 @@ def test_admin_clients_see_groups_offsets_and_lag(start_broker: Callable[..., An
     listed = admin.list_consumer_groups().result(20)
     assert "watched" not in {g.group_id for g in listed.valid}
     assert 'kafscale_groups{state="Stable"}' in broker.metrics_text()
+
+
+def test_a_group_lookup_shows_consumer_offsets_which_regex_consumers_leave_out(
+    start_broker: Callable[..., Any],
+) -> None:
+    """As on Kafka, the first FindCoordinator creates the internal topic __consumer_offsets
+    (franz-go's TestConsumeRegex waits for it); clients list it as internal and a regex
+    subscription matching every topic does not consume it."""
+    from aiokafka import AIOKafkaClient
+    from confluent_kafka import Consumer
+
+    broker = start_broker(env=FAST_GROUPS)
+    broker.wait_ready()
+    asyncio.run(create_topic(broker.bootstrap, "events", 1))
+    asyncio.run(produce(broker.bootstrap, "events", [b"one"], 1))
+    member = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "everything",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+        }
+    )
+    member.subscribe(["^.*"])
+    try:
+        got: list[tuple[str, bytes]] = []
+        deadline = time.monotonic() + 30
+        while not got:
+            assert time.monotonic() < deadline, "nothing consumed"
+            message = member.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append((message.topic(), message.value()))
+        assert got == [("events", b"one")]
+        assert {p.topic for p in member.assignment()} == {"events"}
+    finally:
+        member.close()
+
+    async def internal_topics() -> tuple[set[str], set[str]]:
+        client = AIOKafkaClient(bootstrap_servers=broker.bootstrap)
+        await client.bootstrap()
+        try:
+            cluster = await client.fetch_all_metadata()
+            return cluster.topics(exclude_internal_topics=False), cluster.internal_topics
+        finally:
+            await client.close()
+
+    assert asyncio.run(internal_topics()) == (
+        {"events", "__consumer_offsets"},
+        {"__consumer_offsets"},
+    )

@@ -6,8 +6,10 @@ v10 a topic may be named by id alone. Unknown topics named in the request are cr
 auto-creation is on (``KAFSCALE_AUTO_CREATE_TOPICS`` and, from v4, the request's flag), with
 ``KAFSCALE_AUTO_CREATE_PARTITIONS`` partitions, and answered as existing topics. Every partition
 is led by this broker (one broker owns all partitions until scale-out arrives), with leader epoch 0
-and itself as the only replica. Authorized operations (v8+), when asked for, are every operation,
-as Kafka reports them without an authorizer (``kafscale.protocol.acls``).
+and itself as the only replica. Internal topics (``__consumer_offsets``, which FindCoordinator
+creates) are marked ``is_internal`` by name, as Kafka does. Authorized operations (v8+), when
+asked for, are every operation, as Kafka reports them without an authorizer
+(``kafscale.protocol.acls``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
+from kafscale.metadata.topic_names import INTERNAL_TOPICS
 from kafscale.protocol.acls import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
@@ -171,7 +174,7 @@ def _topic(
         error_code=ErrorCode.none,
         name=record.name,
         topic_id=uuid.UUID(record.topic_id),
-        is_internal=False,
+        is_internal=record.name in INTERNAL_TOPICS,
         partitions=partitions,
         topic_authorized_operations=TOPIC_OPERATIONS if authorized_operations else NOT_REQUESTED,
     )

@@ -5,6 +5,8 @@ involved, all shards concurrently. Per-partition problems are per-partition erro
 -1, 0 or 1 (INVALID_REQUIRED_ACKS otherwise); acks=0 gets no response at all, acks=1 is answered
 once the batch is in the shard's buffer, acks=all once its segment is committed (see the
 durability contract in ARCHITECTURE.md). Unknown topics are created when auto-creation is on.
+Internal topics (``__consumer_offsets``) are refused with INVALID_TOPIC_EXCEPTION, as Kafka refuses
+clients' appends to them, and never auto-created here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kafscale.ipc.messages import AppendEntry, AppendResult, TopicSpec
 from kafscale.ipc.rpc import RpcError
 from kafscale.metadata import topic_configs
 from kafscale.metadata.records import TopicRecord
+from kafscale.metadata.topic_names import INTERNAL_TOPICS
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.compression import Codec
 from kafscale.protocol.errors import ErrorCode
@@ -43,7 +46,9 @@ _CODECS = {
 async def handle(ctx: RequestContext, request: Any) -> Any:
     acks = int(request.acks)
     timeout_ms = int(request.timeout.total_seconds() * 1000)
-    topics = await _topics(ctx, [t.name for t in request.topic_data])
+    topics = await _topics(
+        ctx, [t.name for t in request.topic_data if t.name not in INTERNAL_TOPICS]
+    )
     results: dict[tuple[str, int], AppendResult] = {}
     batches: dict[int, list[tuple[tuple[str, int], AppendEntry, bytes]]] = defaultdict(list)
     for topic in request.topic_data:
@@ -52,6 +57,9 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             key = (topic.name, int(data.index))
             if acks not in VALID_ACKS:
                 results[key] = _error(ErrorCode.invalid_required_acks, f"acks={acks}")
+            elif topic.name in INTERNAL_TOPICS:
+                message = f"cannot append to internal topic {topic.name}"
+                results[key] = _error(ErrorCode.invalid_topic_exception, message)
             elif record is None or not 0 <= data.index < record.partitions:
                 results[key] = _error(ErrorCode.unknown_topic_or_partition, None)
             elif data.records is None:

@@ -1,15 +1,17 @@
 """Topic administration on the embedded backends (real SQLite and a real directory)."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kafscale.coordinator.admin import TopicAdmin
+from kafscale.coordinator.admin import MAX_OPERATIONS, TopicAdmin
 from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicSpec
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys
 from kafscale.metadata.sqlite import SqliteMetadataStore
+from kafscale.metadata.store import TxnResult
 from kafscale.metadata.topic_names import name_error
 from kafscale.protocol.errors import ErrorCode
 from kafscale.storage.local import LocalObjectStore
@@ -89,6 +91,64 @@ def test_interrupted_deletion_blocks_the_name_until_resumed(admin: TopicAdmin) -
     admin.resume_deletions()  # what a restarted coordinator does first
     assert admin.objects.list("ns/t/") == []
     assert create(admin, TopicSpec(name="t", partitions=1)) == [("t", 0)]
+
+
+class CountingStore(SqliteMetadataStore):
+    """Counts the write round trips a deletion makes."""
+
+    writes = 0
+
+    def delete(self, key: str) -> bool:
+        self.writes += 1
+        return super().delete(key)
+
+    def transaction(self, *args: Any, **kwargs: Any) -> TxnResult:
+        self.writes += 1
+        return super().transaction(*args, **kwargs)
+
+
+class RecordingObjects(LocalObjectStore):
+    """Records the batches a deletion hands the object store."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.batches: list[list[str]] = []
+
+    def delete(self, key: str) -> None:
+        raise AssertionError(f"{key} deleted on its own, not in a batch")
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.batches.append(list(keys))
+        for key in keys:
+            super().delete(key)
+
+
+def test_deleting_a_topic_with_many_segments_batches_its_writes(tmp_path: Path) -> None:
+    store = CountingStore(str(tmp_path / "metadata.sqlite"))
+    # The kgo suite's 20,000-record topic (5,092 objects, 2,546 segment keys) deleted one key at a
+    # time held the coordinator for over 30 s: DeleteTopics timed out, the broker lease expired.
+    objects = RecordingObjects(str(tmp_path / "segments"))
+    admin = TopicAdmin(store, objects, "ns", default_partitions=1)
+    keys = Keys("ns")
+    admin.create(CreateTopics(topics=[TopicSpec(name="t", partitions=1)]))
+    segments = 250
+    store.put(keys.partition("t", 0), b"state")
+    for base_offset in range(segments):
+        store.put(keys.segment("t", 0, base_offset), b"segment")
+        objects.put_if_absent(f"ns/t/0/segment-{base_offset:020d}.kfs", b"records")
+    store.writes = 0
+    reply = admin.delete(DeleteTopics(names=["t"]))
+    assert [(r.name, r.error_code) for r in reply.results] == [("t", 0)]
+    assert objects.list("ns/") == []
+    assert [sorted(batch) for batch in objects.batches] == [
+        [f"ns/t/0/segment-{base_offset:020d}.kfs" for base_offset in range(segments)]
+    ]
+    assert store.get_prefix(keys.topic_segments("t")) == []
+    assert store.get_prefix(keys.topic_partitions("t")) == []
+    assert store.get_prefix(keys.deleting) == []
+    # marker + one partition batch + segment batches of MAX_OPERATIONS + marker removal
+    assert store.writes == 3 + -(-segments // MAX_OPERATIONS)
+    store.close()
 
 
 @pytest.mark.parametrize(

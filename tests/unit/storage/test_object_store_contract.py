@@ -194,6 +194,19 @@ def test_delete_is_idempotent(store: ObjectStore) -> None:
     assert store.get("ns/t/0/gone") == b"again"
 
 
+def test_delete_many_removes_every_key_in_batches(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three keys per DeleteObjects request on S3 (1000 in production), so one call makes three.
+    monkeypatch.setattr("kafscale.storage.s3.DELETE_BATCH", 3)
+    doomed = [f"ns/t/0/{name}" for name in "abcdefg"]
+    for key in [*doomed, "ns/t/1/kept"]:
+        store.put_if_absent(key, b"data")
+    store.delete_many([*doomed, "ns/never/existed"])
+    store.delete_many([])
+    assert [info.key for info in store.list("ns/")] == ["ns/t/1/kept"]
+
+
 def test_memoryview_input_is_accepted(store: ObjectStore) -> None:
     buffer = bytearray(b"header|payload bytes|trailer")
     view = memoryview(buffer)[7:20]
