@@ -154,6 +154,7 @@ def versions() -> list[tuple[str, str, str]]:
     kafkajs = json.loads(node.read_text())["dependencies"]["kafkajs"] if node.is_file() else "?"
     spark_pom = ROOT / "tests" / "compat" / "spark" / "pom.xml"
     spark_kafka = _search(spark_pom, r"<spark.version>([^<]+)</spark.version>")
+    token_provider = _search(spark_pom, r"<spark-token-provider.version>([^<]+)<")
     return [
         ("kcat", kcat, "Debian package `kcat`"),
         ("confluent-kafka", confluent, "PyPI wheel"),
@@ -179,7 +180,8 @@ def versions() -> list[tuple[str, str, str]]:
         ("kafkajs", kafkajs, "npm (with kafkajs-snappy, kafkajs-lz4, @bokuweb/zstd-wasm)"),
         (
             "Spark Kafka source",
-            f"pyspark {_version('pyspark')}, spark-sql-kafka-0-10_2.13 {spark_kafka}",
+            f"pyspark {_version('pyspark')}, spark-sql-kafka-0-10_2.13 {spark_kafka} "
+            f"(spark-token-provider-kafka-0-10 {token_provider}: the newest on the mirror)",
             "PyPI + Maven Central",
         ),
     ]
