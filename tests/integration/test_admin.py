@@ -367,7 +367,12 @@ def test_a_topics_segment_bytes_seals_its_buffers(start_broker: Callable[..., An
         ],
     )
     assert error_name(admin.incremental_alter_configs([resource])[resource]) is None
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "1", "linger.ms": 5})
+    # One record per batch: a segment seals before the batch that would take it past
+    # segment.bytes (as Kafka rolls), so with librdkafka's default batches (up to 1 MB, however
+    # many records 5 ms gathered) the sealed size could lie anywhere below 1 MiB.
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "acks": "1", "linger.ms": 5, "batch.size": 60_000}
+    )
     for _ in range(40):  # ~2 MiB that does not compress
         producer.produce("sealed", os.urandom(50_000), partition=0)
     assert producer.flush(30) == 0
