@@ -255,71 +255,11 @@ class KafkaPerfTools:
         ]  # fmt: skip
         return self.argv(END_TO_END_LATENCY_MAIN, *args)
 
-    def producer_performance(
-        self,
-        bootstrap: str,
-        topic: str,
-        *,
-        num_records: int,
-        record_size: int,
-        throughput: int = -1,
-        warmup_records: int = 0,
-        producer_props: Mapping[str, str] | None = None,
-        timeout: float = 300.0,
-    ) -> ProducerResult:
-        """Run ProducerPerformance and parse its summary."""
-        argv = self.producer_performance_argv(
-            bootstrap,
-            topic,
-            num_records=num_records,
-            record_size=record_size,
-            throughput=throughput,
-            warmup_records=warmup_records,
-            producer_props=producer_props,
-        )
-        return parse_producer_performance(run_tool(argv, timeout))
 
-    def consumer_performance(
-        self,
-        bootstrap: str,
-        topic: str,
-        *,
-        num_records: int,
-        group: str | None = None,
-        poll_timeout_ms: int = 10_000,
-        consumer_props: Mapping[str, str] | None = None,
-        timeout: float = 300.0,
-    ) -> ConsumerResult:
-        """Run ConsumerPerformance and parse its row."""
-        argv = self.consumer_performance_argv(
-            bootstrap,
-            topic,
-            num_records=num_records,
-            group=group,
-            poll_timeout_ms=poll_timeout_ms,
-            consumer_props=consumer_props,
-        )
-        return parse_consumer_performance(run_tool(argv, timeout))
-
-    def end_to_end_latency(
-        self,
-        bootstrap: str,
-        topic: str,
-        *,
-        num_records: int,
-        record_size: int,
-        acks: str = "1",
-        timeout: float = 300.0,
-    ) -> LatencyResult:
-        """Run EndToEndLatency and parse its report."""
-        argv = self.end_to_end_latency_argv(
-            bootstrap, topic, num_records=num_records, record_size=record_size, acks=acks
-        )
-        return parse_end_to_end_latency(run_tool(argv, timeout))
-
-
-def run_tool(argv: list[str], timeout: float) -> str:
-    """Run a tool to its end and return its stdout; a failure or timeout raises with its output."""
+def run_tool(argv: list[str], timeout: float = 300.0) -> str:
+    """Run a tool to its end and return its stdout; a failure or timeout raises with its output.
+    With the argv builders and parsers: `parse_producer_performance(run_tool(tools.
+    producer_performance_argv(...)))`; a caller that samples the tool's /proc runs argv itself."""
     try:
         result = subprocess.run(
             argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
