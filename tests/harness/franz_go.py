@@ -13,9 +13,8 @@ import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from tests.harness.drivers import run_admin
+from tests.harness.drivers import AdminAndGroupCommands
 from tests.harness.paths import TOOLS_BIN
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import (
@@ -39,7 +38,7 @@ def find_franz_go() -> Path:
     return DRIVER
 
 
-class FranzGo:
+class FranzGo(AdminAndGroupCommands):
     name = "franz-go"
 
     def __init__(self, path: Path | None = None) -> None:
@@ -104,20 +103,5 @@ class FranzGo:
             argv, f"franz-go consume {','.join(topics)} from {start}", timeout + 30, on_ready
         )
 
-    def admin(
-        self,
-        bootstrap: str,
-        topic: str,
-        partitions: int,
-        configs: dict[str, str] | None = None,
-        group: str | None = None,
-    ) -> dict[str, Any]:
-        """kadm: create `topic` (twice), describe the cluster, the topic, its configs and
-        `group`; the driver's JSON object (tests/compat/go/admin.go)."""
-        return run_admin(
-            "franz-go", [self.path, "admin"], bootstrap, topic, partitions, configs, group
-        )
-
-    def group_argv(self, options: Sequence[str]) -> list[str]:
-        """The command of a consumer-group member (tests/harness/groups.py)."""
-        return [self.path, "group-consume", *options]
+    def commands(self) -> list[str]:
+        return [self.path]

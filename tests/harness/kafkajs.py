@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from tests.harness.drivers import run_admin
+from tests.harness.drivers import AdminAndGroupCommands
 from tests.harness.paths import ROOT
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import (
@@ -60,7 +60,7 @@ def _check_headers(record: Record) -> None:
         seen.append(name)
 
 
-class KafkaJs:
+class KafkaJs(AdminAndGroupCommands):
     name = "kafkajs"
 
     def __init__(self, node: str | None = None) -> None:
@@ -143,18 +143,5 @@ class KafkaJs:
             raise HarnessError(f"kafkajs consume never finished (got {len(received)} records)")
         return received
 
-    def admin(
-        self,
-        bootstrap: str,
-        topic: str,
-        partitions: int,
-        configs: dict[str, str] | None = None,
-        group: str | None = None,
-    ) -> dict[str, Any]:
-        """kafkajs's admin client: the same steps and output as FranzGo.admin."""
-        command = [self.node, str(GROUP_DRIVER), "admin"]
-        return run_admin("kafkajs", command, bootstrap, topic, partitions, configs, group)
-
-    def group_argv(self, options: Sequence[str]) -> list[str]:
-        """The command of a consumer-group member (tests/harness/groups.py)."""
-        return [self.node, str(GROUP_DRIVER), "group-consume", *options]
+    def commands(self) -> list[str]:
+        return [self.node, str(GROUP_DRIVER)]
