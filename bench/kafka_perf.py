@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka_server import KAFKA_LIB, TOOLS_LOG4J2, java_argv, require_jars
+from bench.kafka_server import KAFKA_LIB, TOOLS_LOG4J2, java_argv, require_jars
 
 PRODUCER_PERFORMANCE_MAIN = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERFORMANCE_MAIN = "org.apache.kafka.tools.ConsumerPerformance"

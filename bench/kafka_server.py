@@ -190,18 +190,20 @@ class KafkaServer:
         props.update(self.overrides)
         return props
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, *, fresh: bool = True) -> None:
         """Write server.properties, format a fresh log directory (an earlier run's data and logs
-        are wiped) and start the broker; return once a Metadata request succeeds."""
+        are wiped) and start the broker; return once a Metadata request succeeds. With
+        `fresh=False` it restarts on the data an earlier `start()` left (a restart)."""
         require_jars(self.lib)
         if self._proc is not None:
             raise KafkaServerError("Kafka is already running")
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-        shutil.rmtree(self.log_dir, ignore_errors=True)
-        self.log_dir.mkdir(parents=True)
-        lines = [f"{key}={value}" for key, value in self.properties().items()]
-        self.config_path.write_text("\n".join(lines) + "\n")
-        self._format()
+        if fresh:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.log_dir.mkdir(parents=True)
+            lines = [f"{key}={value}" for key, value in self.properties().items()]
+            self.config_path.write_text("\n".join(lines) + "\n")
+            self._format()
         argv = java_argv(
             SERVER_MAIN,
             str(self.config_path),

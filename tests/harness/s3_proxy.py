@@ -4,6 +4,9 @@ Requests are forwarded byte for byte (headers included, so SigV4 signatures stil
 signed Host is the proxy's, and MinIO checks the Host it receives), and each one is recorded as
 (method, path, Range header). Tests point a reader at ``endpoint_url`` to prove which objects it
 downloaded, and which byte ranges of them, from the wire rather than from the reader's word.
+
+With ``delay`` it also stands in for a distant S3: each request waits ``delay(method)`` seconds
+before it is forwarded (the benchmarks add 50-100 ms to every PUT, as real S3 takes).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import http.client
 import http.server
 import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.harness.procs import LOOPBACK
@@ -33,7 +38,7 @@ class S3Request:
 
 
 class RecordingS3Proxy:
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, delay: Callable[[str], float] | None = None) -> None:
         target = urllib.parse.urlsplit(upstream)
         self.upstream_host = target.hostname or LOOPBACK
         self.upstream_port = target.port or 80
@@ -51,6 +56,8 @@ class RecordingS3Proxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 split = urllib.parse.urlsplit(self.path)
+                if delay is not None:
+                    time.sleep(delay(self.command))
                 with proxy._lock:
                     proxy.requests.append(
                         S3Request(

@@ -1,0 +1,253 @@
+"""The results of a `python -m bench.run`: a markdown report and plots beside its JSON.
+
+    .venv/bin/python -m bench.report bench/results/2026-11-22-1200.json   # (re)write the report
+
+Every KafScale figure stands next to Kafka's from the same run with their ratio. Object-store
+requests become dollars with the S3 prices of the spec's cost appendix (us-east-1: PUT, COPY,
+POST, LIST $0.005 per 1,000; GET and everything else $0.0004 per 1,000) at the appendix's
+workload of 100 GB written a day, each byte read once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+MIB = 1 << 20
+PRICE_PER_1000 = {"put": 0.005, "list": 0.005, "get": 0.0004, "head": 0.0004, "delete": 0.0}
+DAILY_GB = 100  # the cost appendix's ingestion, decimal gigabytes
+DAILY_GIB = DAILY_GB * 1e9 / GIB
+KAFKA = "kafka"
+KAFSCALE_TARGETS = ("kafscale", "kafscale-s3")
+
+# (label, how to read it off a result, whether more is better, format)
+FIGURES: list[tuple[str, str, bool, str]] = [
+    ("MB/s", "mb_per_sec", True, "{:.1f}"),
+    ("records/s", "records_per_sec", True, "{:,.0f}"),
+    ("latency p50 ms", "latency_ms.p50", False, "{:.1f}"),
+    ("latency p99 ms", "latency_ms.p99", False, "{:.1f}"),
+    ("latency p99.9 ms", "latency_ms.p99.9", False, "{:.1f}"),
+    ("broker CPU-s per GiB", "cpu_per_gib", False, "{:.2f}"),
+    ("peak broker memory MiB (PSS)", "peak_memory_mib", False, "{:.0f}"),
+    ("S3 requests per GiB", "s3_per_gib", False, "{}"),
+    ("S3 request $/month at 100 GB/day", "s3_dollars", False, "${:.2f}"),
+]
+
+
+def figure(result: dict[str, Any], key: str) -> Any:
+    gib = result["bytes"] / GIB
+    if key == "cpu_per_gib":
+        return result["broker_cpu_seconds"] / gib if gib else None
+    if key == "s3_per_gib":
+        if result["target"] == KAFKA or not gib:
+            return None
+        counts = {op: n / gib for op, n in sorted(result["s3_requests"].items()) if n}
+        return ", ".join(f"{op} {n:.0f}" for op, n in counts.items()) or "0"
+    if key == "s3_dollars":
+        if result["target"] == KAFKA or not gib:
+            return None
+        return s3_dollars_per_month(result["s3_requests"], gib)
+    value: Any = result
+    for part in key.split(".", 1):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def s3_dollars_per_month(requests: dict[str, int], gib: float) -> float:
+    """What the requests per GiB moved cost a month at 100 GB a day (30 days)."""
+    per_gib = sum(n * PRICE_PER_1000.get(op, 0.0004) / 1000 for op, n in requests.items()) / gib
+    return per_gib * DAILY_GIB * 30
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value) if not isinstance(value, str) else value
+
+
+def ratio(ours: Any, kafka: Any) -> str:
+    if not isinstance(ours, int | float) or not isinstance(kafka, int | float) or not kafka:
+        return "-"
+    return f"{ours / kafka:.2f}x"
+
+
+def _by(results: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """(scenario, client) -> target -> result."""
+    table: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in results:
+        table.setdefault((r["scenario"], r["client"]), {})[r["target"]] = r
+    return table
+
+
+def targets_summary(run: dict[str, Any]) -> list[str]:
+    """This round's targets, each as measured (KafScale embedded and on S3 against Kafka)."""
+    table = _by(run["results"])
+    lines = ["| target | measured with | " + " | ".join(KAFSCALE_TARGETS) + " |"]
+    lines.append("|---|---|" + "---|" * len(KAFSCALE_TARGETS))
+    checks = [
+        ("acks=1 produce throughput >= 0.5x Kafka", "produce-acks1", "mb_per_sec", 0.5, True),
+        ("broker CPU per GiB produced <= 2x Kafka", "produce-acks1", "cpu_per_gib", 2.0, False),
+        ("consume-from-tail throughput >= 0.5x Kafka", "consume-tail", "mb_per_sec", 0.5, True),
+    ]
+    for label, prefix, key, bound, higher in checks:
+        for (scenario, client), by_target in sorted(table.items()):
+            if not scenario.startswith(prefix) or KAFKA not in by_target:
+                continue
+            cells = []
+            for name in KAFSCALE_TARGETS:
+                ours, theirs = by_target.get(name), by_target[KAFKA]
+                if ours is None:
+                    cells.append("-")
+                    continue
+                a, b = figure(ours, key), figure(theirs, key)
+                if not a or not b:
+                    cells.append("-")
+                    continue
+                r = a / b
+                met = r >= bound if higher else r <= bound
+                cells.append(f"{r:.2f}x {'met' if met else 'missed'}")
+            lines.append(f"| {label} | {scenario}, {client} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(run: dict[str, Any], stem: str) -> str:
+    m = run["machine"]
+    settings = run["settings"]
+    present = sorted({r["target"] for r in run["results"]}, key=_target_order)
+    ours = [t for t in present if t != KAFKA]
+    out = [
+        f"# KafScale next to Apache Kafka: {run['started'][:10]}",
+        "",
+        f"Run {run['started']} to {run['finished']} (UTC) with `python -m bench.run` "
+        f"(commit {m['commit']}).",
+        "",
+        "## Machine",
+        "",
+        f"- {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB memory, Linux {m['kernel']}",
+        f"- Python {m['python']}, {m['java']}",
+        "- Brokers and clients share the machine: every figure includes the client's CPU "
+        "competing with the broker's.",
+        "",
+        "## Targets",
+        "",
+        *[f"- `{name}`: {text}" for name, text in run["targets"].items()],
+        "",
+        "## Settings",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *[f"| {key} | {value} |" for key, value in settings.items()],
+        "",
+        "Producers (both clients) use `linger.ms` and `batch.size` above and Kafka's defaults "
+        "otherwise (no compression, max.in.flight 5). Latency percentiles from Kafka's tools are "
+        "whole milliseconds; the confluent-kafka figures are measured per record.",
+        "",
+        "## This round's targets",
+        "",
+        *targets_summary(run),
+        "",
+    ]
+    for (scenario, client), by_target in _by(run["results"]).items():
+        title = run["scenarios"].get(scenario, scenario)
+        out += [f"## {scenario}: {title} ({client})", ""]
+        header = "| figure | " + " | ".join(present) + " | "
+        header += " | ".join(f"{t} / kafka" for t in ours) + " |"
+        out += [header, "|---|" + "---|" * (len(present) + len(ours))]
+        for label, key, _higher, fmt in FIGURES:
+            values = {t: figure(by_target[t], key) if t in by_target else None for t in present}
+            if all(v is None for v in values.values()):
+                continue
+            cells = [_fmt(values[t], fmt) for t in present]
+            cells += [ratio(values[t], values.get(KAFKA)) for t in ours]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        extras = sorted({k for r in by_target.values() for k in r["extra"]})
+        for key in extras:
+            cells = [_fmt(by_target[t]["extra"].get(key) if t in by_target else None, "{:.2f}")
+                     for t in present]  # fmt: skip
+            out.append(f"| {key} | " + " | ".join(cells) + " |" + " |" * len(ours))
+        out.append("")
+    out += [
+        "## How the figures are taken",
+        "",
+        "- MB is 2^20 bytes. Kafka's tools' rates exclude their JVM start; ConsumerPerformance's "
+        "rate is its fetch rate (group join excluded, shown apart).",
+        "- Broker CPU: utime + stime of every process of the broker (KafScale: supervisor, "
+        "frontend, shards, flusher, coordinator; Kafka: its JVM) from /proc, over the client's "
+        "run and, for produce, until KafScale has flushed what it acknowledged. MinIO and "
+        "etcd are not counted as the broker (they stand in for S3 and etcd).",
+        "- Memory: the peak over 0.25 s samples of the sum of the broker's processes' PSS "
+        "(shared-memory buffers counted once).",
+        "- S3 $/month: requests per GiB moved x 100 GB/day x 30 days at $0.005 per 1,000 "
+        "PUT/LIST and $0.0004 per 1,000 GET/HEAD (the spec's cost appendix). For produce "
+        "scenarios that is the write cost; for consume scenarios, the read cost.",
+        "",
+        f"Plots: `{stem}-throughput.png`, `{stem}-latency.png`.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _target_order(name: str) -> int:
+    order = [*KAFSCALE_TARGETS, KAFKA]
+    return order.index(name) if name in order else len(order)
+
+
+def plots(run: dict[str, Any], out_dir: Path, stem: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = _by(run["results"])
+    targets = sorted({r["target"] for r in run["results"]}, key=_target_order)
+    keys = list(table)
+    width = 0.8 / len(targets)
+
+    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 1.1), 5))
+    for i, target in enumerate(targets):
+        values = [table[k].get(target, {}).get("mb_per_sec", 0) for k in keys]
+        ax.bar([x + i * width for x in range(len(keys))], values, width, label=target)
+    ax.set_xticks([x + width * (len(targets) - 1) / 2 for x in range(len(keys))])
+    ax.set_xticklabels([f"{s}\n{c}" for s, c in keys], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("MB/s")
+    ax.set_title("Throughput (higher is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{stem}-throughput.png", dpi=110)
+    plt.close(fig)
+
+    latency_keys = [k for k in keys if any(r["latency_ms"] for r in table[k].values())]
+    fig, ax = plt.subplots(figsize=(max(8, len(latency_keys) * 1.1), 5))
+    for i, target in enumerate(targets):
+        p50 = [table[k].get(target, {}).get("latency_ms", {}).get("p50", 0) for k in latency_keys]
+        p99 = [table[k].get(target, {}).get("latency_ms", {}).get("p99", 0) for k in latency_keys]
+        xs = [x + i * width for x in range(len(latency_keys))]
+        ax.bar(xs, p99, width, alpha=0.35, color=f"C{i}")
+        ax.bar(xs, p50, width, label=f"{target} (p50; pale: p99)", color=f"C{i}")
+    ax.set_xticks([x + width * (len(targets) - 1) / 2 for x in range(len(latency_keys))])
+    ax.set_xticklabels([f"{s}\n{c}" for s, c in latency_keys], rotation=60, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log scale)")
+    ax.set_title("Latency (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{stem}-latency.png", dpi=110)
+    plt.close(fig)
+
+
+def write_report(run: dict[str, Any], out_dir: Path, stem: str) -> Path:
+    path = out_dir / f"{stem}.md"
+    path.write_text(markdown(run, stem))
+    plots(run, out_dir, stem)
+    return path
+
+
+if __name__ == "__main__":
+    source = Path(sys.argv[1])
+    print(write_report(json.loads(source.read_text()), source.parent, source.stem))

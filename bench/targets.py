@@ -1,0 +1,236 @@
+"""The brokers a benchmark compares, started the same way every time on this machine.
+
+- `kafscale`: `kafscale serve` on its embedded default (segments in a local directory, SQLite
+  metadata), exactly as the README's first command runs it;
+- `kafscale-s3`: `kafscale serve` against a real S3-compatible server (MinIO) and a real etcd,
+  optionally behind a proxy that adds S3's latency to every PUT (and a little to every GET);
+- `kafka`: Apache Kafka, a single KRaft node from bench/install.sh's jars.
+
+Each target starts fresh (empty data), can restart on its data (for cold reads), names the
+processes whose CPU and memory count as "the broker" (`broker_pids`) and, apart from them, the
+storage servers KafScale uses in place of a disk (`backend_pids`). KafScale runs with its
+defaults; only ports, directories and backends are set.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import TypeVar
+
+from bench.kafka_server import KafkaServer, kafka_version
+from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.etcd import EtcdServer
+from tests.harness.minio import MinioServer
+from tests.harness.procs import free_port
+from tests.harness.s3_proxy import RecordingS3Proxy
+
+TARGETS = ("kafscale", "kafscale-s3", "kafka")
+T = TypeVar("T")
+_BUFFER_BYTES = re.compile(r'^kafscale_buffer_bytes\{shard="\w+"\} (\S+)$', re.MULTILINE)
+_S3_REQUEST = re.compile(r'^kafscale_s3_requests_total\{operation="(\w+)"\} (\S+)$', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class S3Latency:
+    """Seconds added to each request before it reaches the S3 server: uniform in
+    [put_min, put_max] for PUT (and POST, e.g. DeleteObjects), `get` for everything else."""
+
+    put_min: float
+    put_max: float
+    get: float
+
+    def __call__(self, method: str) -> float:
+        if method in ("PUT", "POST"):
+            return random.uniform(self.put_min, self.put_max)
+        return self.get
+
+    def describe(self) -> str:
+        return (
+            f"PUT +{self.put_min * 1000:.0f}-{self.put_max * 1000:.0f} ms, "
+            f"other requests +{self.get * 1000:.0f} ms"
+        )
+
+
+class Target:
+    name = "target"
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+
+    @property
+    def bootstrap(self) -> str:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """Stop and start again on the same data (for reads that must come from storage)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def broker_pids(self) -> list[int]:
+        raise NotImplementedError
+
+    def backend_pids(self) -> list[int]:
+        return []
+
+    def s3_requests(self) -> Counter[str]:
+        """Object-store requests so far by operation (put, get, head, list, delete)."""
+        return Counter()
+
+    def settle(self) -> None:
+        """Wait until work the clients already saw acknowledged is done (KafScale flushes
+        acks=1 data after the ack), so that it is charged to the measurement that caused it."""
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+class KafScaleTarget(Target):
+    def __init__(self, work_dir: Path, *, s3: bool, latency: S3Latency | None = None) -> None:
+        super().__init__(work_dir)
+        self.name = "kafscale-s3" if s3 else "kafscale"
+        self.s3 = s3
+        self.latency = latency
+        self._etcd: EtcdServer | None = None
+        self._minio: MinioServer | None = None
+        self._proxy: RecordingS3Proxy | None = None
+        self._factory: BrokerFactory | None = None
+        self._broker: BrokerProcess | None = None
+        self._base_requests: Counter[str] = Counter()
+
+    @property
+    def broker(self) -> BrokerProcess:
+        if self._broker is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self._broker
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def start(self) -> None:
+        overrides: dict[str, str] = {}
+        if self.s3:
+            self._etcd = EtcdServer(self.work_dir / "etcd")
+            self._minio = MinioServer(self.work_dir / "minio")
+            self._etcd.start_first()
+            self._minio.start_first()
+            if self.latency is not None:
+                self._proxy = RecordingS3Proxy(self._minio.endpoint_url, delay=self.latency)
+                overrides["KAFSCALE_S3_ENDPOINT"] = self._proxy.endpoint_url
+        etcd, minio = self._etcd, self._minio
+        self._factory = BrokerFactory(
+            self.work_dir / "brokers",
+            "bench",
+            etcd=lambda: _required(etcd),
+            s3=lambda: _required(minio),
+        )
+        self._broker = self._factory(overrides, "real" if self.s3 else "embedded", ready=True)
+
+    def restart(self) -> None:
+        assert self._factory is not None
+        old = self.broker
+        self._base_requests = self.s3_requests()
+        code = old.terminate()
+        if code != 0:
+            raise RuntimeError(f"{self.name} exited {code} on SIGTERM\n{old.log_tail()}")
+        self._broker = self._factory(dict(old.env), "real" if self.s3 else "embedded", ready=True)
+
+    def stop(self) -> None:
+        problems = self._factory.close() if self._factory is not None else []
+        if self._proxy is not None:
+            self._proxy.close()
+        for server in (self._minio, self._etcd):
+            if server is not None:
+                server.close()
+        self._broker = None
+        if problems:
+            raise RuntimeError(f"{self.name} did not stop cleanly:\n" + "\n".join(problems))
+
+    def broker_pids(self) -> list[int]:
+        return [self.broker.pid]
+
+    def backend_pids(self) -> list[int]:
+        return [pid for s in (self._minio, self._etcd) if s is not None and (pid := s.pid)]
+
+    def _metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.broker.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return bytes(response.read()).decode()
+
+    def s3_requests(self) -> Counter[str]:
+        """Counts from the broker's /metrics, kept across restarts (a restarted broker's
+        counters start again at zero)."""
+        now = Counter({op: int(float(n)) for op, n in _S3_REQUEST.findall(self._metrics())})
+        return now + self._base_requests
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Until no shard holds unflushed bytes (kafscale_buffer_bytes sums to 0)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            held = sum(float(n) for n in _BUFFER_BYTES.findall(self._metrics()))
+            if held == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} still holds unflushed bytes after {timeout} s")
+
+    def describe(self) -> str:
+        if not self.s3:
+            return f"KafScale {version('kafscale')}, embedded default (local directory + SQLite)"
+        latency = f"; S3 latency added: {self.latency.describe()}" if self.latency else ""
+        return f"KafScale {version('kafscale')}, MinIO + etcd{latency}"
+
+
+class KafkaTarget(Target):
+    name = "kafka"
+
+    def __init__(self, work_dir: Path) -> None:
+        super().__init__(work_dir)
+        self.server = KafkaServer(work_dir, port=free_port(), controller_port=free_port())
+
+    @property
+    def bootstrap(self) -> str:
+        return self.server.bootstrap
+
+    def start(self) -> None:
+        self.server.start()
+
+    def restart(self) -> None:
+        self.server.stop()
+        self.server.start(fresh=False)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def broker_pids(self) -> list[int]:
+        return [self.server.pid]
+
+    def describe(self) -> str:
+        return f"Apache Kafka {kafka_version()}, one KRaft node (broker + controller), 1 GiB heap"
+
+
+def _required(server: T | None) -> T:
+    if server is None:
+        raise RuntimeError("the embedded target has no S3 or etcd server")
+    return server
+
+
+def make_target(name: str, work_dir: Path, latency: S3Latency | None) -> Target:
+    if name == "kafscale":
+        return KafScaleTarget(work_dir, s3=False)
+    if name == "kafscale-s3":
+        return KafScaleTarget(work_dir, s3=True, latency=latency)
+    if name == "kafka":
+        return KafkaTarget(work_dir)
+    raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
