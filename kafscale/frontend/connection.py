@@ -52,6 +52,7 @@ class Connection:
         self._closing = asyncio.Event()
         self._peer_gone = False
         self._abandonable: set[asyncio.Task[requests.Response | None]] = set()
+        self._waiting_to_read: asyncio.Task[None] | None = None
 
     async def serve(self) -> None:
         metrics.CONNECTIONS.inc()
@@ -70,19 +71,34 @@ class Connection:
 
     def close(self) -> None:
         """Stop reading; requests already read are still answered."""
+        if self._closing.is_set():
+            return
         self._closing.set()
+        if self._waiting_to_read is not None:
+            # Interrupt the read in progress (and only that: the task is not cancelled while
+            # it queues a request it has read).
+            self._waiting_to_read.cancel()
+
+    async def _read(self) -> bytes | None:
+        """The next bytes from the client; None once `close()` interrupted the wait."""
+        self._waiting_to_read = asyncio.current_task()
+        try:
+            return await self.reader.read(READ_CHUNK)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closing.is_set() and task is not None and task.uncancel() == 0:
+                return None
+            raise
+        finally:
+            self._waiting_to_read = None
 
     async def _read_requests(self) -> None:
         decoder = FrameDecoder(self.broker.config.max_request_bytes)
-        closing = asyncio.create_task(self._closing.wait())
         try:
             while not self._closing.is_set():
-                read = asyncio.create_task(self.reader.read(READ_CHUNK))
-                await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():
-                    read.cancel()
+                data = await self._read()
+                if data is None:
                     return
-                data = read.result()
                 if not data:
                     self._peer_gone = True
                     return
@@ -97,8 +113,6 @@ class Connection:
             self._reject(exc)
         except (ConnectionError, OSError):
             self._peer_gone = True
-        finally:
-            closing.cancel()
 
     def _abandon(self) -> None:
         """Cancel the requests nobody will read the answer to (see the module docstring)."""

@@ -27,6 +27,7 @@ from kafscale.ipc import messages
 from kafscale.ipc.messages import Message
 
 REQUEST_ID = struct.Struct(">Q")
+POLLIN = int(zmq.POLLIN)  # a plain int: ZMQ_EVENTS & zmq.POLLIN would go through enum.Flag
 Bulk = Sequence[bytes | memoryview | zmq.Frame]
 
 
@@ -170,78 +171,119 @@ class RpcClient:
         self.socket.close(linger=0)
 
 
+def _int_option(socket: zmq.Socket[bytes], option: int) -> int:
+    value = socket.getsockopt(option)
+    assert isinstance(value, int)
+    return value
+
+
 class AsyncRpcClient:
-    """A DEALER socket with many requests in flight, matched to replies by request id."""
+    """A DEALER socket with many requests in flight, matched to replies by request id.
+
+    It is a plain (synchronous) ZeroMQ socket driven by the event loop: sends are non-blocking,
+    and replies are read when the loop sees the socket's ZMQ_FD readable. pyzmq's asyncio
+    sockets make a future, a done-callback and often a timer for every send and every receive,
+    which cost a produce request more than all the rest of its handling; here a call costs one
+    future and one timer. ZMQ_FD only signals that the socket's events *may* have changed
+    (edge-triggered, and any send or receive can consume the signal), so replies are drained
+    whenever it fires and after every send, until ZMQ_EVENTS has no POLLIN.
+    """
 
     def __init__(self, context: zmq.asyncio.Context, address: str) -> None:
         self.address = address
-        self.socket = context.socket(zmq.DEALER)
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(context.underlying)
+        self.socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
         _configure(self.socket)
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
         self.socket.connect(address)
         self._ids = itertools.count(1)
         self._pending: dict[bytes, asyncio.Future[Reply]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor: zmq.Socket[bytes] = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _attach(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            loop.add_reader(_int_option(self.socket, zmq.FD), self._drain)
+            loop.add_reader(_int_option(self._monitor, zmq.FD), self._on_monitor)
+            # Arm both: a pipe is signalled only after a reader found it empty.
+            self._on_monitor()
+        return loop
 
     async def call(self, message: Message, bulk: Bulk = (), timeout: float = 5.0) -> Reply:
-        if self._reader is None:
-            loop = asyncio.get_running_loop()
-            self._reader = loop.create_task(self._read_replies())
-            self._watcher = loop.create_task(self._watch_disconnects())
+        loop = self._attach()
         request_id = REQUEST_ID.pack(next(self._ids))
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = future
+        timer = loop.call_later(timeout, self._expire, request_id, timeout)
         try:
-            ready = await self.socket.poll(int(timeout * 1000), zmq.POLLOUT)  # type: ignore[call-arg]
-            if not ready:
-                raise PeerUnavailable(f"nothing listens on {self.address}")
-            await self.socket.send_multipart(
-                [request_id, messages.encode(message), *bulk], copy=False
-            )
-            try:
-                return await asyncio.wait_for(future, timeout)
-            except TimeoutError:
-                raise RpcTimeout(f"no reply from {self.address} within {timeout} s") from None
+            await self._send([request_id, messages.encode(message), *bulk], timeout)
+            return await future
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
 
-    async def notify(self, message: Message) -> None:
-        """Send a one-way notice (no reply expected); dropped if the peer is not connected."""
-        with contextlib.suppress(zmq.Again):
-            await self.socket.send_multipart(
-                [REQUEST_ID.pack(0), messages.encode(message)], flags=zmq.NOBLOCK
-            )
-
-    async def _watch_disconnects(self) -> None:
-        """A peer that goes away (a crashed process) will never answer what it was asked: fail
-        those requests at once instead of at their timeouts (a parked fetch or JoinGroup may
-        have minutes left). Its successor gets the retries."""
+    async def _send(self, frames: list[Any], timeout: float) -> None:
+        """Send without blocking the loop. IMMEDIATE: with no peer connected (yet, or any
+        more) nothing is queued, so a fresh or reconnecting socket gets `timeout` to
+        (re)establish the connection before the call fails."""
+        deadline = time.monotonic() + timeout
+        pause = 0.001
         while True:
-            await self._monitor.recv_multipart()
-            for future in list(self._pending.values()):
-                if not future.done():
-                    future.set_exception(PeerUnavailable(f"{self.address} went away"))
+            try:
+                self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                if time.monotonic() + pause > deadline:
+                    raise PeerUnavailable(f"nothing listens on {self.address}") from None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.05)
+        self._drain()  # the send may have consumed the FD's signal of a reply waiting
 
-    async def _read_replies(self) -> None:
-        while True:
-            frames = await self.socket.recv_multipart(copy=False)
+    def _drain(self) -> None:
+        while _int_option(self.socket, zmq.EVENTS) & POLLIN:
+            frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             if len(frames) < 2:
                 continue
             future = self._pending.get(frames[0].bytes)
             if future is None or future.done():
-                continue
+                continue  # a late reply to a request that timed out or was cancelled
             try:
                 future.set_result(Reply(messages.decode(frames[1].buffer), frames[2:]))
             except msgspec.DecodeError as exc:
                 future.set_exception(RpcError(f"undecodable reply from {self.address}: {exc}"))
 
+    def _expire(self, request_id: bytes, timeout: float) -> None:
+        future = self._pending.get(request_id)
+        if future is not None and not future.done():
+            future.set_exception(RpcTimeout(f"no reply from {self.address} within {timeout} s"))
+
+    def _on_monitor(self) -> None:
+        """A peer that goes away (a crashed process) will never answer what it was asked: fail
+        those requests at once instead of at their timeouts (a parked fetch or JoinGroup may
+        have minutes left). Its successor gets the retries."""
+        disconnected = False
+        while _int_option(self._monitor, zmq.EVENTS) & POLLIN:
+            self._monitor.recv_multipart(flags=zmq.NOBLOCK)
+            disconnected = True
+        if disconnected:
+            for future in list(self._pending.values()):
+                if not future.done():
+                    future.set_exception(PeerUnavailable(f"{self.address} went away"))
+        self._drain()
+
+    async def notify(self, message: Message) -> None:
+        """Send a one-way notice (no reply expected); dropped if the peer is not connected."""
+        self._attach()
+        with contextlib.suppress(zmq.Again):
+            self.socket.send_multipart([REQUEST_ID.pack(0), messages.encode(message)], zmq.NOBLOCK)
+        self._drain()
+
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        if self._watcher is not None:
-            self._watcher.cancel()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(_int_option(self.socket, zmq.FD))
+            self._loop.remove_reader(_int_option(self._monitor, zmq.FD))
         self.socket.disable_monitor()
         self._monitor.close(linger=0)
         for future in self._pending.values():

@@ -33,22 +33,28 @@ class FrameDecoder:
         return len(self._buffer)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Add ``data``; return every frame it completes, in order."""
-        self._buffer += data
+        """Add ``data``; return every frame it completes, in order. Each frame is copied out
+        once, and the consumed bytes are dropped from the buffer once per call."""
+        buffer = self._buffer
+        buffer += data
         frames: list[bytes] = []
-        while True:
-            if self._expected is None:
-                if len(self._buffer) < LENGTH.size:
-                    return frames
-                (length,) = LENGTH.unpack_from(self._buffer)
-                self._check_length(length)
-                del self._buffer[: LENGTH.size]
-                self._expected = length
-            if len(self._buffer) < self._expected:
-                return frames
-            frames.append(bytes(self._buffer[: self._expected]))
-            del self._buffer[: self._expected]
-            self._expected = None
+        position, size = 0, len(buffer)
+        with memoryview(buffer) as view:
+            while True:
+                if self._expected is None:
+                    if size - position < LENGTH.size:
+                        break
+                    (length,) = LENGTH.unpack_from(buffer, position)
+                    self._check_length(length)
+                    position += LENGTH.size
+                    self._expected = length
+                if size - position < self._expected:
+                    break
+                end = position + self._expected
+                frames.append(bytes(view[position:end]))
+                position, self._expected = end, None
+        del buffer[:position]
+        return frames
 
     def _check_length(self, length: int) -> None:
         if length < MIN_REQUEST_BYTES:

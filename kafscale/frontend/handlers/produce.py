@@ -68,9 +68,11 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                 entry = _entry(ctx, record, int(data.index))
                 shard = ctx.broker.shards.owner(record.topic_id, int(data.index))
                 batches[shard].append((key, entry, data.records))
-    await asyncio.gather(
-        *(_send(ctx, shard, acks, timeout_ms, items, results) for shard, items in batches.items())
-    )
+    sends = [_send(ctx, shard, acks, timeout_ms, b, results) for shard, b in batches.items()]
+    if len(sends) == 1:
+        await sends[0]  # the common case: no task to spawn
+    else:
+        await asyncio.gather(*sends)
     if acks == 0:
         return None
     return _response(ctx, request, results)

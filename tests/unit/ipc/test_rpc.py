@@ -1,7 +1,8 @@
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from kafscale.ipc.rpc import (
     serve_until,
 )
 
+T = TypeVar("T")
 PONG = messages.Pong(role="shard", index=1, pid=42, started_at=1.5)
 
 
@@ -185,3 +187,93 @@ def test_async_client_matches_concurrent_replies(
     finally:
         server.stop()
     assert results == [messages.ErrorReply(message=f"1 frames, {n} bytes") for n in range(50)]
+
+
+def _run_async_client(address: str, work: Callable[[AsyncRpcClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async_context = zmq.asyncio.Context()
+        client = AsyncRpcClient(async_context, address)
+        try:
+            return await work(client)
+        finally:
+            client.close()
+            async_context.term()
+
+    return asyncio.run(main())
+
+
+def test_async_client_absent_peer_fails_fast(address: str) -> None:
+    async def call(client: AsyncRpcClient) -> None:
+        await client.call(messages.Ping(), timeout=0.2)
+
+    with pytest.raises(PeerUnavailable):
+        _run_async_client(address, call)
+
+
+def test_async_client_silent_peer_times_out(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
+    silent = context.socket(zmq.ROUTER)
+    silent.bind(address)
+
+    async def call(client: AsyncRpcClient) -> None:
+        await client.call(messages.Ping(), timeout=0.3)
+
+    try:
+        with pytest.raises(RpcTimeout):
+            _run_async_client(address, call)
+    finally:
+        silent.close(linger=0)
+
+
+def test_async_client_request_to_a_peer_that_dies_fails_at_once(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
+    doomed = context.socket(zmq.ROUTER)
+    doomed.bind(address)
+
+    async def call(client: AsyncRpcClient) -> BaseException | None:
+        pending = asyncio.ensure_future(client.call(messages.Ping(), timeout=60))
+        for _ in range(500):  # the request reaches the peer, which dies holding it
+            if doomed.poll(0, zmq.POLLIN):
+                doomed.recv_multipart()
+                doomed.close(linger=0)
+                break
+            await asyncio.sleep(0.01)
+        done, _ = await asyncio.wait([pending], timeout=30)
+        assert done, "the call waited for its 60 s timeout"
+        return pending.exception()
+
+    outcome = _run_async_client(address, call)
+    assert isinstance(outcome, PeerUnavailable), outcome
+
+
+def test_async_client_reconnects_and_drops_late_replies(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
+    """A reply that comes after its call gave up is dropped; the calls after it still match
+    their own replies, across a restarted server."""
+    slow = context.socket(zmq.ROUTER)
+    slow.bind(address)
+
+    async def calls(client: AsyncRpcClient) -> list[object]:
+        with pytest.raises(RpcTimeout):
+            await client.call(messages.Ping(), timeout=0.2)
+        identity, request_id, _ = slow.recv_multipart()
+        slow.send_multipart([identity, request_id, messages.encode(messages.Ping())])
+        slow.close(linger=0)
+        server = Server(context, address)
+        try:
+            outcomes: list[object] = []
+            for _ in range(3):
+                try:
+                    outcomes.append((await client.call(messages.Ping(), timeout=5)).message)
+                    break
+                except PeerUnavailable as exc:
+                    outcomes.append(exc)
+            return outcomes
+        finally:
+            server.stop()
+
+    outcomes = _run_async_client(address, calls)
+    assert outcomes[-1] == PONG, outcomes
