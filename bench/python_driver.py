@@ -7,17 +7,21 @@ time.perf_counter_ns / time.time_ns and reported as fractional milliseconds.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import queue
 import random
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+
+# confluent_kafka.admin re-exports NewTopic from cimpl without marking it public for mypy.
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 MIB = 1 << 20
 # Timestamp (ns since the epoch) at the front of every end-to-end latency record.
@@ -50,8 +54,8 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         raise ValueError("no values")
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+    rank = math.ceil(q / 100 * len(ordered))  # 1-based: the smallest covering q percent
+    return ordered[max(0, min(len(ordered), rank) - 1)]
 
 
 def payload(size: int) -> bytes:
@@ -85,17 +89,20 @@ def produce(
     latencies: list[float] = []
     errors: list[str] = []
 
-    def acked(err: KafkaError | None, _msg: Message, sent: int) -> None:
-        if err is not None:
-            errors.append(str(err))
-        latencies.append((time.perf_counter_ns() - sent) / 1e6)
+    def acked_from(sent: int) -> Callable[[KafkaError | None, Message], None]:
+        def acked(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(str(err))
+            latencies.append((time.perf_counter_ns() - sent) / 1e6)
+
+        return acked
 
     started = time.perf_counter()
     for _ in range(records):
-        sent = time.perf_counter_ns()
+        on_delivery = acked_from(time.perf_counter_ns())
         while True:
             try:
-                producer.produce(topic, value, on_delivery=lambda e, m, s=sent: acked(e, m, s))
+                producer.produce(topic, value, on_delivery=on_delivery)
                 break
             except BufferError:
                 producer.poll(0.005)

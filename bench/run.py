@@ -48,7 +48,14 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 GIB = 1 << 30
 # Record counts that --scale multiplies.
-SCALED = ("produce_records", "acks_all_records", "consume_records", "group_records", "load_records")
+SCALED = (
+    "produce_records",
+    "acks_all_records",
+    "consume_records",
+    "warm_up_records",
+    "group_records",
+    "load_records",
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Settings:
     produce_records: int = 300_000
     acks_all_records: int = 60_000
     consume_records: int = 300_000
+    warm_up_records: int = 200_000
     linger_ms: int = 5
     batch_size: int = 262_144
     e2e_tool_records: int = 100
@@ -153,6 +161,15 @@ class Bench:
         )
         self.results.append(result)
         print(f"    {_summary(result)}", flush=True)
+
+    def warm_up(self) -> None:
+        """Unmeasured traffic first, so a JVM's JIT and both brokers' caches and pools are in
+        their steady state (a cold JVM takes several times the CPU per GiB it later does)."""
+        records = self.settings.warm_up_records
+        topic = self.topic(6)
+        self.producer_performance(topic, records, "1")
+        self.target.settle()
+        self.consumer_performance(topic, records)
 
     # -- the Kafka tools, as runs ---------------------------------------------------------------
 
@@ -409,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.scenario = name
             target.start()
             try:
+                bench.warm_up()
                 scenario(bench)
             finally:
                 target.stop()
