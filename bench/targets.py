@@ -32,6 +32,7 @@ from tests.harness.procs import free_port
 from tests.harness.s3_proxy import RecordingS3Proxy
 
 TARGETS = ("kafscale", "kafscale-s3", "kafka")
+KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS = 3000  # group.initial.rebalance.delay.ms's default
 T = TypeVar("T")
 _BUFFER_BYTES = re.compile(r'^kafscale_buffer_bytes\{shard="\w+"\} (\S+)$', re.MULTILINE)
 _S3_REQUEST = re.compile(r'^kafscale_s3_requests_total\{operation="(\w+)"\} (\S+)$', re.MULTILINE)
@@ -197,7 +198,14 @@ class KafkaTarget(Target):
 
     def __init__(self, work_dir: Path) -> None:
         super().__init__(work_dir)
-        self.server = KafkaServer(work_dir, port=free_port(), controller_port=free_port())
+        # Kafka's defaults, as KafScale runs with its own (both wait 3 s for a new group's
+        # first members before its first rebalance).
+        self.server = KafkaServer(
+            work_dir,
+            port=free_port(),
+            controller_port=free_port(),
+            group_initial_rebalance_delay_ms=KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS,
+        )
 
     @property
     def bootstrap(self) -> str:
