@@ -140,7 +140,8 @@ def consume(bootstrap: str, topic: str, *, records: int, timeout: float = 300.0)
         while seen < records:
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"{topic}: read {seen} of {records} records in {timeout} s")
-            for message in consumer.consume(1000, 1.0):
+            # Never ask for more than is left: consume(n, t) waits for n records or t seconds.
+            for message in consumer.consume(min(1000, records - seen), 1.0):
                 if message.error() is not None:
                     raise RuntimeError(f"{topic}: {message.error()}")
                 seen += 1
@@ -182,10 +183,12 @@ def end_to_end(bootstrap: str, topic: str, *, rate: int, seconds: float, record_
     deadline = started + seconds + 120
     try:
         while len(latencies) < total and time.perf_counter() < deadline:
-            for message in consumer.consume(1000, 0.2):
-                if message.error() is None and (value := message.value()):
-                    (stamp,) = STAMP.unpack_from(value)
-                    latencies.append((time.time_ns() - stamp) / 1e6)
+            # poll, not consume(n, timeout): that waits for n records or the whole timeout,
+            # which would add up to the timeout to every latency at this rate.
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None and (value := message.value()):
+                (stamp,) = STAMP.unpack_from(value)
+                latencies.append((time.time_ns() - stamp) / 1e6)
     finally:
         sender.join()
         consumer.close()

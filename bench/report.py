@@ -24,6 +24,17 @@ DAILY_GIB = DAILY_GB * 1e9 / GIB
 KAFKA = "kafka"
 KAFSCALE_TARGETS = ("kafscale", "kafscale-s3")
 
+# Scenarios that move too few bytes for per-byte figures to mean anything.
+LATENCY_ONLY = {"e2e-latency"}
+PER_BYTE = {
+    "mb_per_sec",
+    "records_per_sec",
+    "cpu_per_gib",
+    "backend_cpu_per_gib",
+    "s3_per_gib",
+    "s3_dollars",
+}
+
 # (label, how to read it off a result, whether more is better, format)
 FIGURES: list[tuple[str, str, bool, str]] = [
     ("MB/s", "mb_per_sec", True, "{:.1f}"),
@@ -32,6 +43,7 @@ FIGURES: list[tuple[str, str, bool, str]] = [
     ("latency p99 ms", "latency_ms.p99", False, "{:.1f}"),
     ("latency p99.9 ms", "latency_ms.p99.9", False, "{:.1f}"),
     ("broker CPU-s per GiB", "cpu_per_gib", False, "{:.2f}"),
+    ("MinIO + etcd (+ latency proxy) CPU-s per GiB", "backend_cpu_per_gib", False, "{:.2f}"),
     ("peak broker memory MiB (PSS)", "peak_memory_mib", False, "{:.0f}"),
     ("S3 requests per GiB", "s3_per_gib", False, "{}"),
     ("S3 request $/month at 100 GB/day", "s3_dollars", False, "${:.2f}"),
@@ -42,6 +54,12 @@ def figure(result: dict[str, Any], key: str) -> Any:
     gib = result["bytes"] / GIB
     if key == "cpu_per_gib":
         return result["broker_cpu_seconds"] / gib if gib else None
+    if key == "backend_cpu_per_gib":
+        return (
+            result["backend_cpu_seconds"] / gib
+            if gib and result["target"] == "kafscale-s3"
+            else None
+        )
     if key == "s3_per_gib":
         if result["target"] == KAFKA or not gib:
             return None
@@ -85,10 +103,10 @@ def _by(results: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, di
     return table
 
 
-def targets_summary(run: dict[str, Any]) -> list[str]:
-    """This round's targets, each as measured (KafScale embedded and on S3 against Kafka)."""
+def goals_summary(run: dict[str, Any]) -> list[str]:
+    """This round's goals, each as measured (KafScale embedded and on S3 against Kafka)."""
     table = _by(run["results"])
-    lines = ["| target | measured with | " + " | ".join(KAFSCALE_TARGETS) + " |"]
+    lines = ["| goal | measured with | " + " | ".join(KAFSCALE_TARGETS) + " |"]
     lines.append("|---|---|" + "---|" * len(KAFSCALE_TARGETS))
     checks = [
         ("acks=1 produce throughput >= 0.5x Kafka", "produce-acks1", "mb_per_sec", 0.5, True),
@@ -127,6 +145,7 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         f"Run {run['started']} to {run['finished']} (UTC) with `python -m bench.run` "
         f"(commit {m['commit']}).",
         "",
+        *[f"Note: {note}\n" for note in run.get("notes", [])],
         "## Machine",
         "",
         f"- {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB memory, Linux {m['kernel']}",
@@ -148,9 +167,9 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         "otherwise (no compression, max.in.flight 5). Latency percentiles from Kafka's tools are "
         "whole milliseconds; the confluent-kafka figures are measured per record.",
         "",
-        "## This round's targets",
+        "## This round's goals",
         "",
-        *targets_summary(run),
+        *goals_summary(run),
         "",
     ]
     for (scenario, client), by_target in _by(run["results"]).items():
@@ -160,6 +179,8 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         header += " | ".join(f"{t} / kafka" for t in ours) + " |"
         out += [header, "|---|" + "---|" * (len(present) + len(ours))]
         for label, key, _higher, fmt in FIGURES:
+            if scenario in LATENCY_ONLY and key in PER_BYTE:
+                continue
             values = {t: figure(by_target[t], key) if t in by_target else None for t in present}
             if all(v is None for v in values.values()):
                 continue
@@ -198,17 +219,14 @@ def _target_order(name: str) -> int:
     return order.index(name) if name in order else len(order)
 
 
-def plots(run: dict[str, Any], out_dir: Path, stem: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table = _by(run["results"])
-    targets = sorted({r["target"] for r in run["results"]}, key=_target_order)
-    keys = list(table)
+def _throughput_plot(
+    plt: Any,
+    table: dict[tuple[str, str], dict[str, dict[str, Any]]],
+    keys: list[tuple[str, str]],
+    targets: list[str],
+    path: Path,
+) -> None:
     width = 0.8 / len(targets)
-
     fig, ax = plt.subplots(figsize=(max(8, len(keys) * 1.1), 5))
     for i, target in enumerate(targets):
         values = [table[k].get(target, {}).get("mb_per_sec", 0) for k in keys]
@@ -219,10 +237,24 @@ def plots(run: dict[str, Any], out_dir: Path, stem: str) -> None:
     ax.set_title("Throughput (higher is better)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_dir / f"{stem}-throughput.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
-    latency_keys = [k for k in keys if any(r["latency_ms"] for r in table[k].values())]
+
+def plots(run: dict[str, Any], out_dir: Path, stem: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = _by(run["results"])
+    targets = sorted({r["target"] for r in run["results"]}, key=_target_order)
+    keys = [k for k in table if k[0] not in LATENCY_ONLY]
+    width = 0.8 / len(targets)
+
+    if keys:
+        _throughput_plot(plt, table, keys, targets, out_dir / f"{stem}-throughput.png")
+    latency_keys = [k for k in table if any(r["latency_ms"] for r in table[k].values())]
     fig, ax = plt.subplots(figsize=(max(8, len(latency_keys) * 1.1), 5))
     for i, target in enumerate(targets):
         p50 = [table[k].get(target, {}).get("latency_ms", {}).get("p50", 0) for k in latency_keys]

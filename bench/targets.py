@@ -14,8 +14,9 @@ defaults; only ports, directories and backends are set.
 
 from __future__ import annotations
 
-import random
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
@@ -29,7 +30,6 @@ from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.etcd import EtcdServer
 from tests.harness.minio import MinioServer
 from tests.harness.procs import free_port
-from tests.harness.s3_proxy import RecordingS3Proxy
 
 TARGETS = ("kafscale", "kafscale-s3", "kafka")
 KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS = 3000  # group.initial.rebalance.delay.ms's default
@@ -40,17 +40,13 @@ _S3_REQUEST = re.compile(r'^kafscale_s3_requests_total\{operation="(\w+)"\} (\S+
 
 @dataclass(frozen=True)
 class S3Latency:
-    """Seconds added to each request before it reaches the S3 server: uniform in
-    [put_min, put_max] for PUT (and POST, e.g. DeleteObjects), `get` for everything else."""
+    """Seconds the proxy (tests/harness/s3_proxy.py) adds to each request before it reaches
+    the S3 server: uniform in [put_min, put_max] for PUT (and POST, e.g. DeleteObjects), `get`
+    for everything else."""
 
     put_min: float
     put_max: float
     get: float
-
-    def __call__(self, method: str) -> float:
-        if method in ("PUT", "POST"):
-            return random.uniform(self.put_min, self.put_max)
-        return self.get
 
     def describe(self) -> str:
         return (
@@ -105,7 +101,10 @@ class KafScaleTarget(Target):
         self.latency = latency
         self._etcd: EtcdServer | None = None
         self._minio: MinioServer | None = None
-        self._proxy: RecordingS3Proxy | None = None
+        # The latency proxy runs as a process of its own: in the benchmark's process its
+        # threads would compete for the GIL with the Python client being measured.
+        self._proxy: subprocess.Popen[str] | None = None
+        self._proxy_url = ""
         self._factory: BrokerFactory | None = None
         self._broker: BrokerProcess | None = None
         self._base_requests: Counter[str] = Counter()
@@ -128,8 +127,12 @@ class KafScaleTarget(Target):
             self._etcd.start_first()
             self._minio.start_first()
             if self.latency is not None:
-                self._proxy = RecordingS3Proxy(self._minio.endpoint_url, delay=self.latency)
-                overrides["KAFSCALE_S3_ENDPOINT"] = self._proxy.endpoint_url
+                self._proxy = _start_proxy(self._minio.endpoint_url, self.latency)
+                assert self._proxy.stdout is not None
+                self._proxy_url = self._proxy.stdout.readline().strip()
+                if not self._proxy_url.startswith("http://"):
+                    raise RuntimeError(f"the S3 latency proxy did not start: {self._proxy_url!r}")
+                overrides["KAFSCALE_S3_ENDPOINT"] = self._proxy_url
         etcd, minio = self._etcd, self._minio
         self._factory = BrokerFactory(
             self.work_dir / "brokers",
@@ -151,7 +154,8 @@ class KafScaleTarget(Target):
     def stop(self) -> None:
         problems = self._factory.close() if self._factory is not None else []
         if self._proxy is not None:
-            self._proxy.close()
+            self._proxy.terminate()
+            self._proxy.wait(10)
         for server in (self._minio, self._etcd):
             if server is not None:
                 server.close()
@@ -163,7 +167,8 @@ class KafScaleTarget(Target):
         return [self.broker.pid]
 
     def backend_pids(self) -> list[int]:
-        return [pid for s in (self._minio, self._etcd) if s is not None and (pid := s.pid)]
+        pids = [pid for s in (self._minio, self._etcd) if s is not None and (pid := s.pid)]
+        return pids + ([self._proxy.pid] if self._proxy is not None else [])
 
     def _metrics(self) -> str:
         url = f"http://127.0.0.1:{self.broker.metrics_port}/metrics"
@@ -226,6 +231,23 @@ class KafkaTarget(Target):
 
     def describe(self) -> str:
         return f"Apache Kafka {kafka_version()}, one KRaft node (broker + controller), 1 GiB heap"
+
+
+def _start_proxy(upstream: str, latency: S3Latency) -> subprocess.Popen[str]:
+    """tests.harness.s3_proxy in a process of its own; its first line is its endpoint."""
+    argv = [
+        sys.executable, "-m", "tests.harness.s3_proxy", upstream,
+        "--put-ms", f"{latency.put_min * 1000:g}-{latency.put_max * 1000:g}",
+        "--other-ms", f"{latency.get * 1000:g}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.stdout is not None
+    return proc
 
 
 def _required(server: T | None) -> T:

@@ -43,6 +43,7 @@ class RecordingS3Proxy:
         self.upstream_host = target.hostname or LOOPBACK
         self.upstream_port = target.port or 80
         self.requests: list[S3Request] = []
+        self.record = True  # False: forward only (a long benchmark would grow the list)
         self._lock = threading.Lock()
         proxy = self
 
@@ -59,14 +60,15 @@ class RecordingS3Proxy:
                 if delay is not None:
                     time.sleep(delay(self.command))
                 with proxy._lock:
-                    proxy.requests.append(
-                        S3Request(
-                            self.command,
-                            urllib.parse.unquote(split.path),
-                            split.query,
-                            self.headers.get("Range"),
+                    if proxy.record:
+                        proxy.requests.append(
+                            S3Request(
+                                self.command,
+                                urllib.parse.unquote(split.path),
+                                split.query,
+                                self.headers.get("Range"),
+                            )
                         )
-                    )
                 upstream = http.client.HTTPConnection(
                     proxy.upstream_host, proxy.upstream_port, timeout=60
                 )
@@ -111,3 +113,37 @@ class RecordingS3Proxy:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run a proxy as a process of its own (the benchmarks keep its CPU and GIL out of the
+    process that drives the clients): prints its endpoint URL, then serves until killed.
+
+        python -m tests.harness.s3_proxy http://127.0.0.1:9000 --put-ms 50-100 --other-ms 10
+    """
+    import argparse
+    import random
+    import signal
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("upstream")
+    parser.add_argument("--put-ms", default="0", help="PUT/POST delay, 'MIN-MAX' ms")
+    parser.add_argument("--other-ms", type=float, default=0.0, help="delay of other requests")
+    args = parser.parse_args(argv)
+    low, _, high = args.put_ms.partition("-")
+    put_min, put_max = float(low) / 1000, float(high or low) / 1000
+
+    def delay(method: str) -> float:
+        if method in ("PUT", "POST"):
+            return random.uniform(put_min, put_max)
+        return float(args.other_ms) / 1000
+
+    proxy = RecordingS3Proxy(args.upstream, delay=delay)
+    proxy.record = False
+    print(proxy.endpoint_url, flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    proxy.close()
+
+
+if __name__ == "__main__":
+    main()
