@@ -12,7 +12,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 bash scripts/install-deps.sh apt minio python
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-input -e '.[test,spark,bench]'
+mkdir -p .tools/logs
+if ! .venv/bin/python -m pip install -q --disable-pip-version-check --no-input \
+    -e '.[test,spark,bench]' </dev/null >.tools/logs/pip-bench.log 2>&1; then
+    tail -n 40 .tools/logs/pip-bench.log >&2
+    echo "[bench] pip install -e '.[test,spark,bench]' FAILED" >&2
+    exit 1
+fi
 bash bench/install.sh
 
 if [[ $# -eq 0 ]]; then

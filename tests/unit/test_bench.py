@@ -133,7 +133,7 @@ def test_report_puts_each_kafscale_figure_next_to_kafkas_with_the_ratio() -> Non
     assert "| MB/s | 60.0 | 100.0 | 0.60x |" in text
     assert "| broker CPU-s per GiB | 10.00 | 4.00 | 2.50x |" in text
     assert "| S3 requests per GiB | put 512 | - | - |" in text
-    # The round's targets: 0.6x >= 0.5x is met, CPU 2.5x > 2x is missed.
+    # The round's goals: 0.6x >= 0.5x is met, CPU 2.5x > 2x is missed.
     assert (
         "| acks=1 produce throughput >= 0.5x Kafka | produce-acks1-p1, kafka-tools | 0.60x met"
         in (text)
