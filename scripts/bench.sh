@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the benchmarks of bench/ against KafScale and Apache Kafka on this machine:
-#   scripts/bench.sh                     every scenario, every target (about 30 minutes)
+#   scripts/bench.sh                     every scenario, every target (about 20 minutes)
 #   scripts/bench.sh produce-acks1-p1 consume-tail --targets kafscale,kafka
 # Installs what they need first (idempotent): the test suite's dependencies (MinIO, etcd, the
 # venv: scripts/install-deps.sh), the `bench` extra (matplotlib, py-spy) and Apache Kafka's jars
