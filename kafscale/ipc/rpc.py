@@ -223,6 +223,8 @@ class AsyncRpcClient:
         finally:
             timer.cancel()
             self._pending.pop(request_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: a timeout that fired while the send still waited
 
     async def _send(self, frames: list[Any], timeout: float) -> None:
         """Send without blocking the loop. IMMEDIATE: with no peer connected (yet, or any
