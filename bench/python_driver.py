@@ -58,6 +58,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered), rank) - 1)]
 
 
+def latency_summary(avg: float, p50: float, p99: float, p999: float) -> dict[str, float]:
+    """The latency figures a result carries, in ms."""
+    return {"avg": avg, "p50": p50, "p99": p99, "p99.9": p999}
+
+
 def payload(size: int) -> bytes:
     """Random uppercase letters, as ProducerPerformance sends (compressible about as much)."""
     rng = random.Random(size)
