@@ -12,7 +12,8 @@ import pytest
 from tests.compat.common import create_topic
 from tests.harness.broker import BrokerProcess
 from tests.harness.clients import JavaProbe
-from tests.harness.roundtrip import CODECS, ConfluentKafka, JavaClients
+from tests.harness.roundtrip import CODECS, ConfluentKafka
+from tests.harness.roundtrip_cli import JavaClients
 from tests.integration.test_roundtrip import (
     PARTITIONS,
     READ_TIMEOUT,

@@ -23,11 +23,10 @@ from tests.harness.roundtrip import (
     OnReady,
     Record,
     Start,
-    _b64,
     _compression,
     _missing_acks,
-    stream_consumed,
 )
+from tests.harness.roundtrip_cli import _b64, stream_consumed
 
 DRIVER = TOOLS_BIN / "kafscale-franz-go"
 

@@ -20,17 +20,8 @@ from typing import Any
 from tests.harness.drivers import AdminAndGroupCommands
 from tests.harness.paths import ROOT
 from tests.harness.procs import HarnessError
-from tests.harness.roundtrip import (
-    Ack,
-    Consumed,
-    OnReady,
-    Record,
-    Start,
-    _compression,
-    _java_record,
-    _stream,
-    consumed_from_json,
-)
+from tests.harness.roundtrip import Ack, Consumed, OnReady, Record, Start, _compression
+from tests.harness.roundtrip_cli import _java_record, _stream, consumed_from_json
 
 NODE_DIR = ROOT / "tests" / "compat" / "node"
 GROUP_DRIVER = NODE_DIR / "group.js"

@@ -6,7 +6,7 @@ One broker serves the whole module (embedded backends, 100 ms flush interval so 
 quick). Each producing client writes ~200 records to its own 3-partition topic with its own codec:
 null, empty and binary keys, several headers (duplicate names, empty and binary values, non-ASCII
 names), values from empty to 1 MiB (three of exactly 1 MiB), explicit timestamps with repeats.
-kcat cannot set per-message headers or timestamps (see tests/harness/roundtrip.py): its records
+kcat cannot set per-message headers or timestamps (see tests/harness/roundtrip_cli.py): its records
 carry one header set per partition and producer-stamped timestamps, which the test takes from the
 stored segments (KafScale's own reader; each checked to lie within the produce window).
 The Java consumers read all topics in one JVM per version (a JVM start costs seconds).
@@ -29,7 +29,8 @@ from kafscale.storage import segment as segments
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.clients import JavaProbe
 from tests.harness.procs import HarnessError
-from tests.harness.roundtrip import Ack, Client, Consumed, Record, Start, all_clients
+from tests.harness.roundtrip import Ack, Client, Consumed, Record, Start
+from tests.harness.roundtrip_cli import all_clients
 
 pytestmark = pytest.mark.integration
 
