@@ -1,5 +1,7 @@
 """The ``kafscale`` command. ``kafscale serve`` runs a broker; every setting is a flag and a
-``KAFSCALE_*`` variable (flags win), listed with ``kafscale serve --help``."""
+``KAFSCALE_*`` variable (flags win), listed with ``kafscale serve --help`` -- except credentials,
+which come from a variable or a file only: given as a flag, ``serve`` refuses to start and names
+the variable to use (argv is readable by every user of the machine)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,31 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from typing import Any
 
 from kafscale import config as configuration
 from kafscale import logs
 
 VERSION = "0.1.0"
+
+
+class _RefusedSecretFlag(argparse.Action):
+    """A credential given as a flag: stop with the variable to use instead (the flag is hidden
+    from --help; it exists so that the refusal is clear, abbreviations included)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setting = configuration.SETTINGS_BY_FIELD[self.dest]
+        parser.error(configuration.flag_refused(setting))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,10 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kafscale {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True)
+    credentials = ", ".join(s.env for s in configuration.SETTINGS if s.secret)
     serve = commands.add_parser(
-        "serve", help="run a broker", description="Run a broker. Each flag overrides its variable."
+        "serve",
+        help="run a broker",
+        description="Run a broker. Each flag overrides its variable.",
+        epilog=f"Credentials ({credentials}) have no flag: set the variable, or VARIABLE_FILE "
+        "to a file holding the value.",
     )
     for setting in configuration.SETTINGS:
+        if setting.secret:
+            serve.add_argument(setting.flag, dest=setting.field, action=_RefusedSecretFlag)
+            continue
         serve.add_argument(
             setting.flag,
             dest=setting.field,
@@ -48,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         "flush",
         help="seal and commit every buffer of a running broker now",
         description="Ask a running broker to seal every partition buffer and wait until all of "
-        "it is committed to S3 (POST /flush on its metrics port). Exit status 0 on success.",
+        "it is committed to S3 (POST /flush on its metrics port). The broker's admin token is "
+        "read from KAFSCALE_ADMIN_TOKEN or the file KAFSCALE_ADMIN_TOKEN_FILE names. Exit "
+        "status 0 on success.",
     )
     flush.add_argument(
         "--metrics-url",
@@ -72,7 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def flush(metrics_url: str) -> int:
-    request = urllib.request.Request(metrics_url.rstrip("/") + "/flush", method="POST")
+    try:
+        token = configuration.read_secret(
+            configuration.SETTINGS_BY_FIELD["admin_token"], os.environ
+        )
+    except configuration.ConfigError as exc:
+        print(f"kafscale flush: {exc}", file=sys.stderr)
+        return 2
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(
+        metrics_url.rstrip("/") + "/flush", method="POST", headers=headers
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             print(response.read().decode().strip())
@@ -92,7 +134,7 @@ def serve(flags: dict[str, str | None]) -> int:
         logging.getLogger("kafscale.config").critical("invalid configuration: %s", exc)
         print(f"kafscale: {exc}", file=sys.stderr)
         return 2
-    logs.setup("supervisor", config.log_level)
+    logs.setup("supervisor", config.log_level, config.secret_values())
     log = logging.getLogger("kafscale.config")
     for name in configuration.unknown_variables(os.environ):
         log.warning("ignoring unknown configuration variable", extra={"variable": name})

@@ -4,6 +4,10 @@
 is parsed and what it means. The CLI builds its flags from it, the README's configuration table is
 checked against it by a test, and ``load`` turns environment + flags into one frozen ``Config``.
 Invalid values raise ``ConfigError`` naming the variable; nothing is silently corrected.
+
+Credentials (``secret`` settings) are the exception: no flag, since a command line is visible to
+every user of the machine; they come from the variable or from a file named by ``{variable}_FILE``,
+and no error message, ``repr`` or log line quotes them (``public_dict``, ``secret_values``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import os
 import re
 import socket
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,10 +103,26 @@ def _endpoints(text: str) -> tuple[str, ...]:
     return endpoints
 
 
+class _Unshowable(ValueError):
+    """A parse error whose value must not be echoed (it holds a credential)."""
+
+
 def _http_url(text: str) -> str:
     value = text.strip()
+    if "@" in urllib.parse.urlsplit(value).netloc:
+        raise _Unshowable(
+            "credentials in the URL are not accepted: set KAFSCALE_S3_ACCESS_KEY and "
+            "KAFSCALE_S3_SECRET_KEY (or their _FILE variables) instead"
+        )
     if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
         raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return value
+
+
+def _admin_token(text: str) -> str:
+    value = text.strip()
+    if value and (len(value) < 16 or any(char.isspace() for char in value)):
+        raise ValueError("must be at least 16 characters without spaces (or empty: disabled)")
     return value
 
 
@@ -114,15 +135,27 @@ def _namespace(text: str) -> str:
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting. ``secret``: a credential -- read from the environment or from the file named
+    by ``{env}_FILE``, never from a flag (a command line is visible to every user of the machine);
+    masked in logs; described to Kafka clients as sensitive (value null). ``internal``: where the
+    broker's state lives or how its backends and operators reach it -- never described to Kafka
+    clients (``kafscale.frontend.configs``)."""
+
     field: str
     default: str
     parse: Callable[[str], Any]
     help: str
     secret: bool = False
+    internal: bool = False
 
     @property
     def env(self) -> str:
         return "KAFSCALE_" + self.field.upper()
+
+    @property
+    def file_env(self) -> str:
+        """The variable naming a file that holds a secret setting's value."""
+        return self.env + "_FILE"
 
     @property
     def flag(self) -> str:
@@ -144,38 +177,73 @@ SETTINGS: tuple[Setting, ...] = (
         "Host advertised in Metadata responses (default: KAFSCALE_BROKER_HOST; "
         "0.0.0.0 advertises the machine's hostname)",
     ),
-    Setting("metrics_port", "9093", _int_in(0, 65535), "Port of /metrics, /healthz and /readyz"),
+    Setting(
+        "metrics_port",
+        "9093",
+        _int_in(0, 65535),
+        "Port of /metrics, /healthz and /readyz",
+        internal=True,
+    ),
+    Setting(
+        "admin_token",
+        "",
+        _admin_token,
+        "Bearer token POST /flush on the metrics port requires (16+ characters); "
+        "empty = POST /flush disabled",
+        secret=True,
+    ),
     Setting("broker_id", "0", _int_in(0, 2**31 - 1), "This broker's node id"),
     Setting(
         "data_dir",
         "./data",
         _text,
         "Directory of the embedded backends (segments and SQLite metadata)",
+        internal=True,
     ),
     Setting(
         "s3_bucket",
         "",
         _text,
         "S3 bucket for segments; empty = store segments under KAFSCALE_DATA_DIR",
+        internal=True,
     ),
-    Setting("s3_region", "us-east-1", _text, "S3 region"),
+    Setting("s3_region", "us-east-1", _text, "S3 region", internal=True),
     Setting(
-        "s3_endpoint", "", _http_url, "S3-compatible endpoint URL (MinIO, ...); empty = AWS S3"
+        "s3_endpoint",
+        "",
+        _http_url,
+        "S3-compatible endpoint URL (MinIO, ...); empty = AWS S3",
+        internal=True,
     ),
-    Setting("s3_path_style", "false", parse_bool, "Use path-style S3 addressing (MinIO needs it)"),
+    Setting(
+        "s3_path_style",
+        "false",
+        parse_bool,
+        "Use path-style S3 addressing (MinIO needs it)",
+        internal=True,
+    ),
     Setting(
         "s3_namespace",
         "default",
         _namespace,
         "Key prefix of this cluster in the bucket and in the metadata store",
+        internal=True,
     ),
-    Setting("s3_access_key", "", _text, "S3 access key (empty = boto3's default credential chain)"),
-    Setting("s3_secret_key", "", _text, "S3 secret key", secret=True),
+    Setting(
+        "s3_access_key",
+        "",
+        _text,
+        "S3 access key id (empty = boto3's default credential chain: AWS_* variables, "
+        "profile, web identity, instance role)",
+        secret=True,
+    ),
+    Setting("s3_secret_key", "", _text, "S3 secret access key", secret=True),
     Setting(
         "etcd_endpoints",
         "",
         _endpoints,
         "Comma-separated etcd endpoints; empty = SQLite metadata under KAFSCALE_DATA_DIR",
+        internal=True,
     ),
     Setting(
         "segment_bytes",
@@ -275,6 +343,7 @@ class Config:
     broker_port: int
     advertised_host: str
     metrics_port: int
+    admin_token: str = dataclasses.field(repr=False)
     broker_id: int
     data_dir: str
     s3_bucket: str
@@ -282,8 +351,8 @@ class Config:
     s3_endpoint: str
     s3_path_style: bool
     s3_namespace: str
-    s3_access_key: str
-    s3_secret_key: str
+    s3_access_key: str = dataclasses.field(repr=False)
+    s3_secret_key: str = dataclasses.field(repr=False)
     etcd_endpoints: tuple[str, ...]
     segment_bytes: int
     flush_interval_ms: int
@@ -329,7 +398,13 @@ class Config:
                 values[setting.field] = "***"
         return values
 
+    def secret_values(self) -> tuple[str, ...]:
+        """The credentials configured (non-empty), for the logs to mask wherever they appear."""
+        return tuple(value for s in SETTINGS if s.secret and (value := getattr(self, s.field, "")))
+
     def to_json_dict(self) -> dict[str, Any]:
+        """Every value, secrets included: for the children's config file (mode 0600, in the
+        run's private directory), never for a log."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -342,18 +417,26 @@ class Config:
 def load(environ: Mapping[str, str], overrides: Mapping[str, str | None] | None = None) -> Config:
     """Build the configuration from ``KAFSCALE_*`` variables; ``overrides`` (flags) win.
 
-    Raises ``ConfigError`` for the first invalid value, naming the variable.
+    A secret setting comes from its variable or from the file its ``_FILE`` variable names, never
+    from an override. Raises ``ConfigError`` for the first invalid value, naming the variable
+    (and never quoting a secret).
     """
     values: dict[str, Any] = {}
     for setting in SETTINGS:
-        text = environ.get(setting.env, setting.default)
-        source = setting.env
-        if overrides and overrides.get(setting.field) is not None:
-            text = str(overrides[setting.field])
-            source = f"{setting.flag} ({setting.env})"
+        override = overrides.get(setting.field) if overrides else None
+        if setting.secret:
+            if override is not None:
+                raise ConfigError(flag_refused(setting))
+            text, source = read_secret(setting, environ), setting.env
+        elif override is not None:
+            text, source = str(override), f"{setting.flag} ({setting.env})"
+        else:
+            text, source = environ.get(setting.env, setting.default), setting.env
         try:
             values[setting.field] = setting.parse(text)
         except ValueError as exc:
+            if setting.secret or isinstance(exc, _Unshowable):
+                raise ConfigError(f"invalid {source}: {exc}") from None
             raise ConfigError(f"invalid {source}={text!r}: {exc}") from None
     config = Config(**values)
     _check_consistency(config)
@@ -364,7 +447,38 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """``KAFSCALE_*`` variables that configure nothing here: likely typos, logged as warnings
     (not errors, since other KafScale components such as the operator share the prefix)."""
     known = {setting.env for setting in SETTINGS}
+    known |= {setting.file_env for setting in SETTINGS if setting.secret}
     return sorted(name for name in environ if name.startswith("KAFSCALE_") and name not in known)
+
+
+def read_secret(setting: Setting, environ: Mapping[str, str]) -> str:
+    """A secret setting's text: its variable, or the content of the file ``{env}_FILE`` names
+    (e.g. a mounted Kubernetes Secret; surrounding whitespace such as a final newline is
+    dropped). Both set, an unreadable or an empty file: ``ConfigError``."""
+    path = environ.get(setting.file_env)
+    if path is None:
+        return environ.get(setting.env, setting.default)
+    if setting.env in environ:
+        raise ConfigError(f"{setting.env} and {setting.file_env} are both set: set only one")
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {setting.file_env}={path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{setting.file_env}={path!r} is not UTF-8 text") from None
+    if not text:
+        raise ConfigError(f"{setting.file_env}={path!r} names an empty file")
+    return text
+
+
+def flag_refused(setting: Setting) -> str:
+    """Why a secret given as a flag is refused, and what to use instead."""
+    return (
+        f"{setting.flag} is not accepted: a command line is visible to every user of the "
+        f"machine (ps, /proc). Set {setting.env}, or {setting.file_env} to a file holding it "
+        "(and consider the value given exposed)"
+    )
 
 
 def _check_consistency(config: Config) -> None:
@@ -383,7 +497,8 @@ def markdown_table() -> str:
     rows = ["| Variable | Flag | Default | Description |", "|---|---|---|---|"]
     for setting in SETTINGS:
         default = "CPU count" if setting.field == "shards" else (setting.default or "(empty)")
-        rows.append(f"| `{setting.env}` | `{setting.flag}` | `{default}` | {setting.help} |")
+        flag = f"none; or `{setting.file_env}`" if setting.secret else f"`{setting.flag}`"
+        rows.append(f"| `{setting.env}` | {flag} | `{default}` | {setting.help} |")
     return "\n".join(rows)
 
 

@@ -10,7 +10,18 @@ the others under ``kafscale.`` and the variable's name in dotted lower case
 STATIC_BROKER_CONFIG when the setting differs from its default, DEFAULT_CONFIG otherwise (Kafka's
 distinction between a value in server.properties and a built-in one). Kafka broker configs that
 KafScale fixes (``message.max.bytes``, ``compression.type``, ``log.retention.ms``, ...: the
-defaults of the topic configs) are DEFAULT_CONFIG. Secrets are sensitive: no value is shown.
+defaults of the topic configs) are DEFAULT_CONFIG.
+
+What a Kafka client is told (the rule; docs/operations.md, "Secrets"). A client sees the configs
+that govern its traffic with the broker: Kafka's own broker configs and KafScale's tuning of
+produce, fetch and groups, as Kafka shows its broker configs to any client. It is not told where
+the broker's state lives or how its backends and operators are reached (``Setting.internal``: the
+bucket, S3 endpoint, region, path style and namespace, the data directory, the etcd endpoints,
+the metrics port): with S3 or etcd credentials those are the whole cluster, around the Kafka
+protocol, and Kafka has no such configs to show (its log.dirs are disks no client can reach).
+Credentials (``Setting.secret``) are described as Kafka describes a password config such as
+``ssl.keystore.password``: type PASSWORD, ``isSensitive`` true, value null (in every synonym too),
+so a tool sees that one is set and never what it is.
 
 Topic configs. Every config KafScale supports (``kafscale.metadata.topic_configs``): the topic's
 own value (DYNAMIC_TOPIC_CONFIG) or else its broker synonym's value and source, with Kafka's
@@ -114,6 +125,8 @@ def topic_configs_of(explicit: Mapping[str, str], config: Config) -> list[Descri
 def _broker_table(config: Config) -> dict[str, Described]:
     table: dict[str, Described] = {}
     for setting in SETTINGS:
+        if setting.internal:
+            continue
         entry = _from_setting(config, setting)
         table[entry.name] = entry
     table["node.id"] = _renamed(table["broker.id"], "node.id")  # KRaft's name of broker.id

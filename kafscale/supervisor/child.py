@@ -110,7 +110,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def main(argv: list[str]) -> int:
     role, index, runtime_dir, parent_pid = argv[0], int(argv[1]), argv[2], int(argv[3])
     config, run_id = load_config(runtime_dir)
-    logs.setup(f"{role}-{index}", config.log_level)
+    logs.setup(f"{role}-{index}", config.log_level, config.secret_values())
     context = ChildContext(
         config=config,
         role=role,

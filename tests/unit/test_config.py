@@ -96,9 +96,77 @@ def test_sizes(text: str, size: int) -> None:
 
 
 def test_secrets_are_masked_in_the_logged_configuration() -> None:
-    config = load({"KAFSCALE_S3_ACCESS_KEY": "a", "KAFSCALE_S3_SECRET_KEY": "hunter2"})
-    assert config.public_dict()["s3_secret_key"] == "***"
-    assert "hunter2" not in repr(config.public_dict())
+    config = load(
+        {
+            "KAFSCALE_S3_ACCESS_KEY": "AKIAEXAMPLE",
+            "KAFSCALE_S3_SECRET_KEY": "hunter2",
+            "KAFSCALE_ADMIN_TOKEN": "t0ken-t0ken-t0ken",
+        }
+    )
+    public = config.public_dict()
+    assert public["s3_secret_key"] == public["s3_access_key"] == public["admin_token"] == "***"
+    for secret in ("AKIAEXAMPLE", "hunter2", "t0ken-t0ken-t0ken"):
+        assert secret not in repr(public)
+        assert secret not in repr(config)  # a Config in a traceback or a log says nothing either
+    assert set(config.secret_values()) == {"AKIAEXAMPLE", "hunter2", "t0ken-t0ken-t0ken"}
+    assert load({}).secret_values() == ()
+
+
+def test_credentials_are_settings_without_a_flag() -> None:
+    secret = {s.env for s in configuration.SETTINGS if s.secret}
+    assert secret == {"KAFSCALE_S3_ACCESS_KEY", "KAFSCALE_S3_SECRET_KEY", "KAFSCALE_ADMIN_TOKEN"}
+    for field in ("s3_access_key", "s3_secret_key", "admin_token"):
+        with pytest.raises(ConfigError, match=r"is not accepted.*_FILE") as refused:
+            load({}, {field: "exposed-value"})
+        assert "exposed-value" not in str(refused.value)
+
+
+def test_a_credential_comes_from_the_file_its_file_variable_names(tmp_path: pathlib.Path) -> None:
+    secret_file = tmp_path / "secret-key"
+    secret_file.write_text("from-a-file\n")  # as `echo` writes it: the newline is not the key
+    config = load(
+        {"KAFSCALE_S3_ACCESS_KEY": "AKIAEXAMPLE", "KAFSCALE_S3_SECRET_KEY_FILE": str(secret_file)}
+    )
+    assert config.s3_secret_key == "from-a-file"
+    assert configuration.unknown_variables({"KAFSCALE_S3_SECRET_KEY_FILE": "x"}) == []
+    assert configuration.unknown_variables({"KAFSCALE_BROKER_PORT_FILE": "x"}) == [
+        "KAFSCALE_BROKER_PORT_FILE"  # only credentials have a _FILE variable
+    ]
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        ("both", "KAFSCALE_S3_SECRET_KEY and KAFSCALE_S3_SECRET_KEY_FILE are both set"),
+        ("missing", "cannot read KAFSCALE_S3_SECRET_KEY_FILE=.*No such file"),
+        ("empty", "KAFSCALE_S3_SECRET_KEY_FILE=.* names an empty file"),
+        ("binary", "KAFSCALE_S3_SECRET_KEY_FILE=.* is not UTF-8 text"),
+    ],
+)
+def test_a_bad_credential_file_is_refused(
+    tmp_path: pathlib.Path, problem: str, message: str
+) -> None:
+    path = tmp_path / "secret-key"
+    env = {"KAFSCALE_S3_ACCESS_KEY": "AKIAEXAMPLE", "KAFSCALE_S3_SECRET_KEY_FILE": str(path)}
+    if problem == "both":
+        path.write_text("in-the-file")
+        env["KAFSCALE_S3_SECRET_KEY"] = "in-the-environment"
+    elif problem == "empty":
+        path.write_text("\n")
+    elif problem == "binary":
+        path.write_bytes(b"\xff\xfe-in-the-file")
+    with pytest.raises(ConfigError, match=message) as refused:
+        load(env)
+    assert "in-the-" not in str(refused.value)
+
+
+def test_errors_never_quote_a_credential() -> None:
+    with pytest.raises(ConfigError, match=r"KAFSCALE_ADMIN_TOKEN.*at least 16") as short:
+        load({"KAFSCALE_ADMIN_TOKEN": "short-tok"})
+    assert "short-tok" not in str(short.value)
+    with pytest.raises(ConfigError, match=r"KAFSCALE_S3_ENDPOINT.*credentials in the URL") as url:
+        load({"KAFSCALE_S3_BUCKET": "b", "KAFSCALE_S3_ENDPOINT": "http://user:pa55@minio:9000"})
+    assert "pa55" not in str(url.value)
 
 
 def test_config_survives_the_trip_to_the_children() -> None:

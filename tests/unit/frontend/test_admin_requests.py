@@ -193,7 +193,7 @@ def test_describe_configs_of_this_broker() -> None:
         "listeners": ("PLAINTEXT://127.0.0.1:19092", ConfigSource.STATIC_BROKER_CONFIG),
         "kafscale.compression.codec": ("snappy", ConfigSource.DEFAULT_CONFIG),
         "kafscale.flush.interval.ms": ("500", ConfigSource.DEFAULT_CONFIG),
-        "kafscale.s3.access.key": ("key", ConfigSource.STATIC_BROKER_CONFIG),
+        "kafscale.s3.access.key": (None, ConfigSource.STATIC_BROKER_CONFIG),
         "kafscale.s3.secret.key": (None, ConfigSource.STATIC_BROKER_CONFIG),
     }
     assert {name: (configs[name].value, configs[name].config_source) for name in expected} == (
