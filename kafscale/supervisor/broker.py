@@ -47,7 +47,9 @@ def _supervise(config: Config, arbiter: Arbiter) -> None:
         preflight(checks, config.boot_timeout_ms / 1000)
         checker = HealthChecker(arbiter.runtime_dir, arbiter.children, checks)
         try:
-            http = HealthServer(config.broker_host, config.metrics_port, checker)
+            http = HealthServer(
+                config.broker_host, config.metrics_port, checker, config.admin_token
+            )
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {config.broker_host}:{config.metrics_port} "

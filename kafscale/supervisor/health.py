@@ -2,9 +2,12 @@
 
 - ``/healthz``: 200 while the supervisor runs (process alive).
 - ``/readyz``: 200 when every child is up and answered its last ping, and both backends answered
-  their last check; otherwise 503 with a JSON body listing what is not ready.
+  their last check; otherwise 503 with a JSON body listing what is not ready: which child or
+  backend, never an exception's text (that goes to the log: it may name endpoints, buckets, keys).
 - ``/metrics``: every process's samples, aggregated (prometheus-client multiprocess mode).
-- ``POST /flush``: seal and commit every buffer now (``kafscale.supervisor.admin``).
+- ``POST /flush``: seal and commit every buffer now (``kafscale.supervisor.admin``). The only
+  state-changing request: it needs ``Authorization: Bearer <KAFSCALE_ADMIN_TOKEN>`` (compared in
+  constant time); without a configured token it is disabled (403). Anything else is 404/501.
 
 A ``HealthChecker`` thread pings the children over their ZeroMQ sockets and checks the backends
 every few seconds; the HTTP threads only read its last verdict, so probes never block on S3/etcd.
@@ -12,6 +15,8 @@ every few seconds; the HTTP threads only read its last verdict, so probes never 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.server
 import json
 import logging
@@ -94,7 +99,8 @@ class HealthChecker:
             try:
                 reply = client.call(messages.Ping(), timeout_ms=1000)
             except RpcError as exc:
-                problems.append(f"{child.name} does not answer: {exc}")
+                log.warning("child does not answer", extra={"child": child.name, "error": str(exc)})
+                problems.append(f"{child.name} does not answer")
                 continue
             if isinstance(reply.message, messages.Pong):
                 ready_children += 1
@@ -111,7 +117,7 @@ class HealthChecker:
             except Exception as exc:
                 if name not in self._backend_problems:
                     log.error("backend check failed", extra={"backend": name, "error": str(exc)})
-                self._backend_problems[name] = f"{name}: {exc}"
+                self._backend_problems[name] = f"{name} backend is not reachable"
                 metrics.BACKEND_UP.labels(name).set(0)
             else:
                 if self._backend_problems.pop(name, None):
@@ -121,8 +127,8 @@ class HealthChecker:
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, checker: HealthChecker) -> None:
-        handler = _handler_class(checker)
+    def __init__(self, host: str, port: int, checker: HealthChecker, admin_token: str = "") -> None:
+        handler = _handler_class(checker, admin_token)
         self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
@@ -135,7 +141,19 @@ class HealthServer:
         self.httpd.server_close()
 
 
-def _handler_class(checker: HealthChecker) -> type[http.server.BaseHTTPRequestHandler]:
+def authorized(header: str | None, admin_token: str) -> bool:
+    """Whether an ``Authorization`` header carries the admin token. Both sides are hashed first,
+    so the comparison takes the same time whatever the length or the first differing byte."""
+    scheme, _, given = (header or "").partition(" ")
+    if not admin_token or scheme.lower() != "bearer":
+        return False
+    expected = hashlib.sha256(admin_token.encode()).digest()
+    return hmac.compare_digest(hashlib.sha256(given.strip().encode()).digest(), expected)
+
+
+def _handler_class(
+    checker: HealthChecker, admin_token: str
+) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -156,6 +174,13 @@ def _handler_class(checker: HealthChecker) -> type[http.server.BaseHTTPRequestHa
             if self.path.split("?", 1)[0] != "/flush":
                 self._send(404, b"not found\n", "text/plain")
                 return
+            if not admin_token:
+                self._refuse(403, "POST /flush is disabled: the broker has no KAFSCALE_ADMIN_TOKEN")
+                return
+            if not authorized(self.headers.get("Authorization"), admin_token):
+                self._refuse(401, "POST /flush needs Authorization: Bearer <admin token>")
+                return
+            log.info("flush requested", extra={"peer": self.client_address[0]})
             outcome = admin.flush_all(checker.runtime_dir, checker.children)
             body = json.dumps(
                 {
@@ -168,8 +193,20 @@ def _handler_class(checker: HealthChecker) -> type[http.server.BaseHTTPRequestHa
                 200 if not outcome.problems else 503, body.encode() + b"\n", "application/json"
             )
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _refuse(self, status: int, reason: str) -> None:
+            log.warning(
+                "refused an admin request",
+                extra={"peer": self.client_address[0], "path": self.path, "status": status},
+            )
+            body = json.dumps({"error": reason}).encode() + b"\n"
+            self._send(status, body, "application/json", bearer=status == 401)
+
+        def _send(
+            self, status: int, body: bytes, content_type: str, *, bearer: bool = False
+        ) -> None:
             self.send_response(status)
+            if bearer:
+                self.send_header("WWW-Authenticate", 'Bearer realm="kafscale"')
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -1,0 +1,180 @@
+"""The metrics port (``kafscale.supervisor.health``) over real HTTP: health bodies say which
+dependency is not ready and never an exception's text; ``POST /flush`` needs the admin token,
+and a refused request flushes nothing. ``kafscale flush`` sends the token from the environment."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kafscale import cli
+from kafscale.supervisor import admin, health
+
+TOKEN = "0123456789abcdef-admin"
+LEAKY = "ConnectTimeout: http://10.1.2.3:9000/bucket-of-record AKIAIOSFODNN7EXAMPLE"
+
+
+def fail() -> None:
+    raise OSError(LEAKY)
+
+
+@pytest.fixture
+def flushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The flushes the server carried out (none of the real shards exist here)."""
+    calls: list[str] = []
+
+    def flush_all(runtime_dir: str, children: list[object]) -> admin.FlushOutcome:
+        calls.append(runtime_dir)
+        return admin.FlushOutcome(partitions=7)
+
+    monkeypatch.setattr(admin, "flush_all", flush_all)
+    return calls
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """serve(admin_token, checks) -> the base URL of a running metrics server."""
+    started: list[tuple[health.HealthChecker, health.HealthServer]] = []
+
+    def start(admin_token: str = "", checks: dict[str, Callable[[], None]] | None = None) -> str:
+        checker = health.HealthChecker(str(tmp_path), [], checks or {})
+        server = health.HealthServer("127.0.0.1", 0, checker, admin_token)
+        started.append((checker, server))
+        checker.start()
+        server.start()
+        deadline = time.monotonic() + 30
+        while checker.verdict.problems == ["starting"]:  # the first check runs at once
+            assert time.monotonic() < deadline, "the health checker never checked"
+            time.sleep(0.01)
+        return f"http://127.0.0.1:{server.httpd.server_address[1]}"
+
+    yield start
+    for checker, server in started:
+        checker.stop()
+        server.stop()
+
+
+def request(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, method=method, headers=headers or {}), timeout=30
+        ) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def test_readyz_names_the_backend_not_the_error(
+    serve: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    base = serve(checks={"objects": fail, "metadata": fail})
+    status, _, body = request(base + "/readyz")
+    assert status == 503
+    assert json.loads(body) == {
+        "ready": False,
+        "problems": ["objects backend is not reachable", "metadata backend is not reachable"],
+    }
+    for piece in ("10.1.2.3", "bucket-of-record", "AKIA", "ConnectTimeout"):
+        assert piece.encode() not in body
+    logged = [r for r in caplog.records if r.getMessage() == "backend check failed"]
+    assert {(r.__dict__["backend"], r.__dict__["error"]) for r in logged} == {
+        ("objects", LEAKY),
+        ("metadata", LEAKY),
+    }  # the details are in the log, for the operator
+    assert request(base + "/healthz")[:3:2] == (200, b"ok\n")
+
+
+def test_readyz_is_ok_when_everything_answers(serve: Callable[..., str]) -> None:
+    base = serve(checks={"objects": lambda: None})
+    status, _, body = request(base + "/readyz")
+    assert (status, json.loads(body)) == (200, {"ready": True, "problems": []})
+
+
+def test_flush_without_a_configured_token_is_disabled(
+    serve: Callable[..., str], flushes: list[str]
+) -> None:
+    base = serve()
+    for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": f"Bearer {TOKEN}"}):
+        status, _, body = request(base + "/flush", "POST", headers)
+        assert status == 403 and b"KAFSCALE_ADMIN_TOKEN" in body
+    assert flushes == []
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer wrong-token-0123456789",
+        f"Bearer {TOKEN}x",
+        f"Bearer {TOKEN[:-1]}",
+        f"Basic {TOKEN}",
+        TOKEN,
+    ],
+)
+def test_flush_with_a_missing_or_wrong_token_is_refused_and_does_nothing(
+    serve: Callable[..., str], flushes: list[str], authorization: str | None
+) -> None:
+    base = serve(TOKEN)
+    headers = {} if authorization is None else {"Authorization": authorization}
+    status, response_headers, body = request(base + "/flush", "POST", headers)
+    assert status == 401
+    assert response_headers["WWW-Authenticate"] == 'Bearer realm="kafscale"'
+    assert TOKEN.encode() not in body
+    assert flushes == []
+
+
+def test_flush_with_the_token_flushes(serve: Callable[..., str], flushes: list[str]) -> None:
+    base = serve(TOKEN)
+    status, _, body = request(base + "/flush", "POST", {"Authorization": f"bearer  {TOKEN} "})
+    assert (status, json.loads(body)) == (
+        200,
+        {"flushed": True, "partitions": 7, "problems": []},
+    )
+    assert len(flushes) == 1
+
+
+def test_the_metrics_port_serves_nothing_else(serve: Callable[..., str]) -> None:
+    base = serve(TOKEN)
+    assert request(base + "/admin")[0] == 404
+    assert request(base + "/flush")[0] == 404  # GET is not a flush
+    assert request(base + "/readyz", "POST", {"Authorization": f"Bearer {TOKEN}"})[0] == 404
+    assert request(base + "/flush", "DELETE")[0] == 501
+
+
+def test_kafscale_flush_sends_the_token_from_a_file(
+    serve: Callable[..., str],
+    flushes: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = serve(TOKEN)
+    monkeypatch.delenv("KAFSCALE_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("KAFSCALE_ADMIN_TOKEN_FILE", raising=False)
+    assert cli.main(["flush", "--metrics-url", base]) == 1
+    assert "Bearer <admin token>" in capsys.readouterr().err
+    assert flushes == []
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(TOKEN + "\n")
+    monkeypatch.setenv("KAFSCALE_ADMIN_TOKEN_FILE", str(token_file))
+    assert cli.main(["flush", "--metrics-url", base]) == 0
+    assert json.loads(capsys.readouterr().out)["flushed"] is True
+    assert len(flushes) == 1
+
+
+def test_authorized_compares_the_whole_token() -> None:
+    assert health.authorized(f"Bearer {TOKEN}", TOKEN)
+    assert not health.authorized(f"Bearer {TOKEN}", "")
+    assert not health.authorized("Bearer ", "")
+    assert not health.authorized(None, TOKEN)
+    assert not health.authorized(f"Bearer {TOKEN.upper()}", TOKEN)
