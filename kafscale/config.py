@@ -13,6 +13,7 @@ and no error message, ``repr`` or log line quotes them (``public_dict``, ``secre
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import socket
@@ -133,6 +134,32 @@ def _namespace(text: str) -> str:
     return value
 
 
+def _address_limits(text: str) -> tuple[tuple[str, int], ...]:
+    """``ip:count[,ip:count...]`` (Kafka's max.connections.per.ip.overrides, IP addresses only;
+    an IPv6 address may be bracketed: ``[::1]:50``)."""
+    limits: dict[str, int] = {}
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        host, _, count = part.rpartition(":")
+        try:
+            address = ipaddress.ip_address(host.strip().removeprefix("[").removesuffix("]"))
+            limit = int(count)
+        except ValueError:
+            raise ValueError(f"expected ip:count[,ip:count...], got {part!r}") from None
+        if limit < 0:
+            raise ValueError(f"a connection count cannot be negative, got {part!r}")
+        limits[str(address)] = limit
+    return tuple(limits.items())
+
+
+def _idle_ms(text: str) -> int:
+    value = int(text.strip())
+    if value != -1 and not 1 <= value <= 2**31 - 1:
+        raise ValueError(f"must be -1 (never) or between 1 and {2**31 - 1}, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting. ``secret``: a credential -- read from the environment or from the file named
@@ -176,6 +203,47 @@ SETTINGS: tuple[Setting, ...] = (
         _text,
         "Host advertised in Metadata responses (default: KAFSCALE_BROKER_HOST; "
         "0.0.0.0 advertises the machine's hostname)",
+    ),
+    Setting(
+        "max_connections",
+        "10000",
+        _int_in(1, 10_000_000),
+        "Client connections the broker keeps open (Kafka's max.connections); at the limit it "
+        "stops accepting until one closes",
+    ),
+    Setting(
+        "max_connections_per_ip",
+        "1000",
+        _int_in(0, 10_000_000),
+        "Client connections from one IP address (Kafka's max.connections.per.ip); more are "
+        "closed right after accept",
+    ),
+    Setting(
+        "max_connections_per_ip_overrides",
+        "",
+        _address_limits,
+        "Per-address exceptions to KAFSCALE_MAX_CONNECTIONS_PER_IP: ip:count[,ip:count...]",
+    ),
+    Setting(
+        "connections_max_idle_ms",
+        "600000",
+        _idle_ms,
+        "Close a connection with no request in progress that received nothing for this long "
+        "(Kafka's connections.max.idle.ms; -1 = never)",
+    ),
+    Setting(
+        "connection_max_in_flight_requests",
+        "64",
+        _int_in(1, 100_000),
+        "Requests of one connection read and not yet answered; past it the broker stops reading "
+        "from that connection (TCP back-pressure)",
+    ),
+    Setting(
+        "connection_max_in_flight_bytes",
+        "32MiB",
+        _size_at_least(1024),
+        "Bytes of requests read and of responses not yet sent that one connection may hold; past "
+        "it the broker stops reading from that connection (one larger request is still served)",
     ),
     Setting(
         "metrics_port",
@@ -342,6 +410,12 @@ class Config:
     broker_host: str
     broker_port: int
     advertised_host: str
+    max_connections: int
+    max_connections_per_ip: int
+    max_connections_per_ip_overrides: tuple[tuple[str, int], ...]
+    connections_max_idle_ms: int
+    connection_max_in_flight_requests: int
+    connection_max_in_flight_bytes: int
     metrics_port: int
     admin_token: str = dataclasses.field(repr=False)
     broker_id: int
@@ -411,6 +485,10 @@ class Config:
     def from_json_dict(cls, values: Mapping[str, Any]) -> Config:
         fixed = dict(values)
         fixed["etcd_endpoints"] = tuple(fixed["etcd_endpoints"])
+        fixed["max_connections_per_ip_overrides"] = tuple(
+            (str(address), int(count))
+            for address, count in fixed["max_connections_per_ip_overrides"]
+        )
         return cls(**fixed)
 
 

@@ -28,6 +28,35 @@ REQUEST_SECONDS = Histogram(
 CONNECTIONS = Gauge("kafscale_connections", "Open client connections", multiprocess_mode="livesum")
 BYTES_IN = Counter("kafscale_network_bytes_in", "Request bytes received")
 BYTES_OUT = Counter("kafscale_network_bytes_out", "Response bytes sent")
+CONNECTIONS_REFUSED = Counter(
+    "kafscale_connections_refused",
+    "Connections closed right after accept: their address was at KAFSCALE_MAX_CONNECTIONS_PER_IP",
+    ["limit"],
+)
+ACCEPT_PAUSED = Gauge(
+    "kafscale_accept_paused",
+    "1 while the listener accepts nothing: it is at KAFSCALE_MAX_CONNECTIONS",
+    multiprocess_mode="livemax",
+)
+ACCEPT_PAUSES = Counter(
+    "kafscale_accept_pauses", "Times the listener stopped accepting at KAFSCALE_MAX_CONNECTIONS"
+)
+CONNECTIONS_CLOSED = Counter(
+    "kafscale_connections_closed",
+    "Connections the broker closed for a limit (idle: KAFSCALE_CONNECTIONS_MAX_IDLE_MS)",
+    ["reason"],
+)
+CONNECTIONS_THROTTLED = Counter(
+    "kafscale_connections_throttled",
+    "Times a connection was not read because it held its in-flight limit (requests or bytes)",
+    ["limit"],
+)
+CONNECTION_HELD_BYTES = Gauge(
+    "kafscale_connection_held_bytes",
+    "Bytes held for client connections: requests read and not answered, responses not yet "
+    "sent, frames partly received (sampled every second)",
+    multiprocess_mode="livesum",
+)
 CHILD_RESTARTS = Counter("kafscale_child_restarts", "Child processes respawned", ["role"])
 CHILDREN_READY = Gauge(
     "kafscale_children_ready", "Child processes up and answering pings", multiprocess_mode="liveall"

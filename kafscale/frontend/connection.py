@@ -2,8 +2,21 @@
 
 Kafka lets a client pipeline requests on a connection but requires the responses in request
 order. Each frame becomes a task as soon as it is read; a writer awaits the tasks in arrival order
-and writes each response. At most ``MAX_IN_FLIGHT`` requests are in progress per connection; past
-that the reader stops reading (TCP back-pressure) instead of buffering without bound.
+and writes each response, waiting for the socket to drain before the next one.
+
+What one connection may hold is bounded (docs/operations.md, "Connections"). A request is held
+from the moment its frame is read until its response has drained to the kernel; its bytes are the
+frame's, plus the response's once it is made. While a connection holds
+``KAFSCALE_CONNECTION_MAX_IN_FLIGHT_REQUESTS`` requests or ``..._MAX_IN_FLIGHT_BYTES`` bytes, the
+reader neither starts another request nor reads from the socket, so a client pipelining faster
+than it is answered, or not reading its responses, is held back by TCP, not buffered. A request
+alone is always served, whatever its size (up to ``KAFSCALE_MAX_REQUEST_BYTES``). So one
+connection holds at most: the bytes limit, plus two frames (the last one started, and the one
+being received), plus one read chunk, plus the responses of its requests in progress; and the
+socket's write buffer holds one response at most (the writer drains after each).
+
+Idle connections (``connections.max.idle.ms``) are found by the listener from what this class
+reports to its ``IdleExpiry``: bytes received, requests started and finished, responses written.
 
 A decode error (bad frame length, garbage, unknown API key) ends the connection after the
 responses to the requests before it are written, with one log line saying why. Nothing that
@@ -19,54 +32,86 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from dataclasses import dataclass
 
 from kafscale import metrics
 from kafscale.frontend import requests
 from kafscale.frontend.context import Broker
+from kafscale.frontend.limits import IdleExpiry
 from kafscale.protocol import codec
 from kafscale.protocol.errors import DecodeError
 from kafscale.protocol.framing import FrameDecoder
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 64
 ABANDONABLE = {1}  # API keys safe to cut short when the client is gone: Fetch
 READ_CHUNK = 256 * 1024
 JOIN_BELOW = 16 * 1024
 
 
+@dataclass(eq=False, slots=True)
+class _Request:
+    """A request read and not yet answered."""
+
+    task: asyncio.Task[requests.Response | None]
+    held: int  # bytes it holds: its frame, and its response once made
+    released: bool = False
+
+
 class Connection:
     def __init__(
-        self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        broker: Broker,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        idle: IdleExpiry[Connection] | None = None,
     ) -> None:
         self.broker = broker
         self.reader = reader
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self._in_flight: asyncio.Queue[asyncio.Task[requests.Response | None] | None] = (
-            asyncio.Queue(MAX_IN_FLIGHT)
-        )
+        self.max_requests = broker.config.connection_max_in_flight_requests
+        self.max_bytes = broker.config.connection_max_in_flight_bytes
+        self._idle: IdleExpiry[Connection] = idle if idle is not None else IdleExpiry(None)
+        self._in_flight: asyncio.Queue[_Request | None] = asyncio.Queue()
+        self._requests = 0  # read and not yet answered
+        self._held = 0  # their bytes (see _Request.held)
+        self._room = asyncio.Event()  # set when a request is answered
+        self._decoder: FrameDecoder | None = None
+        self._write_buffer_seen = 0
         self._closing = asyncio.Event()
         self._peer_gone = False
         self._abandonable: set[asyncio.Task[requests.Response | None]] = set()
         self._waiting_to_read: asyncio.Task[None] | None = None
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes this connection holds: requests and responses in flight, a partial frame."""
+        return self._held + (self._decoder.buffered if self._decoder is not None else 0)
+
+    @property
+    def in_flight_requests(self) -> int:
+        return self._requests
+
     async def serve(self) -> None:
         metrics.CONNECTIONS.inc()
+        self._idle.opened(self, time.monotonic())
         writer_task = asyncio.create_task(self._write_responses())
         try:
             await self._read_requests()
             if self._peer_gone:
                 self._abandon()
         finally:
-            await self._in_flight.put(None)
+            self._in_flight.put_nowait(None)
             await writer_task
             self.writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await self.writer.wait_closed()
+            self._idle.closed(self)
             metrics.CONNECTIONS.dec()
 
     def close(self) -> None:
@@ -79,10 +124,28 @@ class Connection:
             # it queues a request it has read).
             self._waiting_to_read.cancel()
 
+    def close_idle(self) -> None:
+        """Close at once (connections.max.idle.ms): nothing is in progress, and a response the
+        client does not read is dropped, as Kafka's idle expiry drops it."""
+        log.debug("closing idle connection", extra={"peer": self.peer})
+        metrics.CONNECTIONS_CLOSED.labels("idle").inc()
+        self.close()
+        self.writer.transport.abort()
+
+    def write_progressed(self) -> bool:
+        """Whether the client took response bytes since the last write or the last call: a
+        connection whose client reads a large response slowly is not idle."""
+        pending = self.writer.transport.get_write_buffer_size()
+        progressed = pending < self._write_buffer_seen
+        self._write_buffer_seen = pending
+        return progressed
+
     async def _read(self) -> bytes | None:
-        """The next bytes from the client; None once `close()` interrupted the wait."""
+        """The next bytes from the client, once the connection is below its in-flight limits;
+        None once `close()` interrupted the wait."""
         self._waiting_to_read = asyncio.current_task()
         try:
+            await self._wait_for_room()
             return await self.reader.read(READ_CHUNK)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -92,8 +155,20 @@ class Connection:
         finally:
             self._waiting_to_read = None
 
+    async def _wait_for_room(self) -> None:
+        """Back-pressure: wait while this connection holds its limit of requests or bytes (a
+        connection with nothing in flight always has room)."""
+        if self._requests < self.max_requests and self._held < self.max_bytes:
+            return
+        limit = "requests" if self._requests >= self.max_requests else "bytes"
+        metrics.CONNECTIONS_THROTTLED.labels(limit).inc()
+        while self._requests >= self.max_requests or self._held >= self.max_bytes:
+            self._room.clear()
+            await self._room.wait()
+
     async def _read_requests(self) -> None:
         decoder = FrameDecoder(self.broker.config.max_request_bytes)
+        self._decoder = decoder
         try:
             while not self._closing.is_set():
                 data = await self._read()
@@ -102,17 +177,44 @@ class Connection:
                 if not data:
                     self._peer_gone = True
                     return
+                self._idle.active(self, time.monotonic())
                 metrics.BYTES_IN.inc(len(data))
                 for frame in decoder.feed(data):
-                    task = asyncio.create_task(self._process(frame))
-                    if _api_key(frame) in ABANDONABLE:
-                        self._abandonable.add(task)
-                        task.add_done_callback(self._abandonable.discard)
-                    await self._in_flight.put(task)
+                    await self._wait_for_room()
+                    self._in_flight.put_nowait(self._start(frame))
         except DecodeError as exc:
             self._reject(exc)
         except (ConnectionError, OSError):
             self._peer_gone = True
+
+    def _start(self, frame: bytes) -> _Request:
+        task = asyncio.create_task(self._process(frame))
+        request = _Request(task, len(frame))
+        self._requests += 1
+        self._held += request.held
+        self._idle.request_started(self)
+        task.add_done_callback(functools.partial(self._finished, request))
+        if _api_key(frame) in ABANDONABLE:
+            self._abandonable.add(task)
+            task.add_done_callback(self._abandonable.discard)
+        return request
+
+    def _finished(self, request: _Request, task: asyncio.Task[requests.Response | None]) -> None:
+        """A request's task ended: its response (if any) is held until written."""
+        self._idle.request_finished(self, time.monotonic())
+        if request.released or task.cancelled() or task.exception() is not None:
+            return
+        response = task.result()
+        if response is not None:
+            size = len(response) if isinstance(response, bytes) else _size(response)
+            request.held += size
+            self._held += size
+
+    def _release(self, request: _Request) -> None:
+        request.released = True
+        self._requests -= 1
+        self._held -= request.held
+        self._room.set()
 
     def _abandon(self) -> None:
         """Cancel the requests nobody will read the answer to (see the module docstring)."""
@@ -132,11 +234,12 @@ class Connection:
     async def _write_responses(self) -> None:
         """Write responses in request order; after a fatal error, cancel whatever follows."""
         failed = False
-        while (task := await self._in_flight.get()) is not None:
-            if failed:
-                task.cancel()
-                continue
+        while (request := await self._in_flight.get()) is not None:
+            task = request.task
             try:
+                if failed:
+                    task.cancel()
+                    continue
                 await asyncio.wait((task,))
                 if task.cancelled():  # abandoned: its client is gone
                     continue
@@ -147,7 +250,9 @@ class Connection:
                         metrics.BYTES_OUT.inc(len(response))
                     else:
                         metrics.BYTES_OUT.inc(_write_pieces(self.writer, response))
+                    self._write_buffer_seen = self.writer.transport.get_write_buffer_size()
                     await self.writer.drain()
+                    self._idle.active(self, time.monotonic())
             except DecodeError as exc:
                 self._reject(exc)
                 failed = True
@@ -159,6 +264,8 @@ class Connection:
                 metrics.REQUEST_ERRORS.labels("internal").inc()
                 self.close()
                 failed = True
+            finally:
+                self._release(request)
 
     def _reject(self, exc: DecodeError) -> None:
         if not self._closing.is_set():
@@ -189,6 +296,10 @@ def _write_pieces(writer: asyncio.StreamWriter, pieces: list[bytes | memoryview]
     if small:
         writer.write(b"".join(small))
     return total
+
+
+def _size(pieces: list[bytes | memoryview]) -> int:
+    return sum(len(piece) for piece in pieces)
 
 
 def _api_key(frame: bytes) -> int:

@@ -1,9 +1,10 @@
 """The frontend process: the Kafka listener. Owns the client sockets and nothing else.
 
-An asyncio server accepts connections on ``KAFSCALE_BROKER_HOST:PORT`` and runs one
-``Connection`` per client; handlers answer from the watched metadata view and, with the write
-path, from the shards over ZeroMQ. It never blocks on S3 or etcd. On SIGTERM it stops accepting,
-stops reading, answers what it has read (for at most ``DRAIN_SECONDS``) and exits.
+A ``Listener`` accepts connections on ``KAFSCALE_BROKER_HOST:PORT`` within the connection
+limits and runs one ``Connection`` per client; handlers answer from the watched metadata view
+and, with the write path, from the shards over ZeroMQ. It never blocks on S3 or etcd. On SIGTERM
+it stops accepting, stops reading, answers what it has read (for at most ``DRAIN_SECONDS``) and
+exits.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import signal
 
 import zmq.asyncio
 
-from kafscale.frontend.connection import Connection
 from kafscale.frontend.context import Broker
 from kafscale.frontend.coordinator import CoordinatorClient
 from kafscale.frontend.dispatch import APIS
+from kafscale.frontend.listener import Listener
 from kafscale.frontend.shards import ShardClients
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import AsyncRpcClient, AsyncRpcServer
@@ -28,7 +29,6 @@ from kafscale.supervisor.child import ChildContext
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 10.0
-LISTEN_BACKLOG = 1024
 
 
 def run(ctx: ChildContext) -> None:
@@ -50,26 +50,9 @@ async def _serve(ctx: ChildContext, view: MetadataView) -> None:
     coordinator = AsyncRpcClient(zmq_context, endpoints.address(ctx.runtime_dir, "coordinator"))
     shards = ShardClients(zmq_context, ctx.runtime_dir, config.shards)
     broker = Broker(config, view, APIS, CoordinatorClient(coordinator, view), shards)
-    connections: dict[Connection, asyncio.Task[None]] = {}
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = Connection(broker, reader, writer)
-        task = asyncio.current_task()
-        assert task is not None
-        connections[connection] = task
-        try:
-            await connection.serve()
-        finally:
-            del connections[connection]
-
+    listener = Listener(broker)
     try:
-        server = await asyncio.start_server(
-            accept,
-            config.broker_host,
-            config.broker_port,
-            reuse_address=True,
-            backlog=LISTEN_BACKLOG,
-        )
+        await listener.start()
     except OSError as exc:
         raise OSError(
             f"cannot listen on {config.broker_host}:{config.broker_port} "
@@ -85,13 +68,8 @@ async def _serve(ctx: ChildContext, view: MetadataView) -> None:
     try:
         await stop.wait()
     finally:
-        server.close()
-        for connection in list(connections):
-            connection.close()
-        if connections:
-            _, busy = await asyncio.wait(list(connections.values()), timeout=DRAIN_SECONDS)
-            if busy:
-                log.warning("connections still busy at shutdown", extra={"count": len(busy)})
+        listener.stop_accepting()
+        await listener.drain(DRAIN_SECONDS)
         pings.cancel()
         control.close()
         coordinator.close()
