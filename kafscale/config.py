@@ -414,6 +414,26 @@ class Config:
     max_connections_per_ip: int
     max_connections_per_ip_overrides: tuple[tuple[str, int], ...]
     connections_max_idle_ms: int
+    Setting(
+        "child_hang_timeout_ms",
+        "60000",
+        _int_in(1000, 3_600_000),
+        "A child that answers none of its liveness pings (every 2 s) for this long is killed "
+        "and respawned",
+    ),
+    Setting(
+        "s3_timeout_ms",
+        "10000",
+        _int_in(100, 600_000),
+        "Connect and read timeout of one S3 request (tried twice); S3 counts as unavailable "
+        "after that",
+    ),
+    Setting(
+        "etcd_timeout_ms",
+        "5000",
+        _int_in(100, 600_000),
+        "Deadline of one etcd call; etcd counts as unavailable after that",
+    ),
     connection_max_in_flight_requests: int
     connection_max_in_flight_bytes: int
     metrics_port: int
@@ -463,6 +483,9 @@ class Config:
     @property
     def uses_etcd(self) -> bool:
         return bool(self.etcd_endpoints)
+    child_hang_timeout_ms: int
+    s3_timeout_ms: int
+    etcd_timeout_ms: int
 
     def public_dict(self) -> dict[str, Any]:
         """The effective configuration with secrets masked, for the startup log line."""

@@ -58,6 +58,16 @@ CONNECTION_HELD_BYTES = Gauge(
     multiprocess_mode="livesum",
 )
 CHILD_RESTARTS = Counter("kafscale_child_restarts", "Child processes respawned", ["role"])
+CHILD_HANGS = Counter(
+    "kafscale_child_hangs",
+    "Child processes killed for not answering liveness pings (KAFSCALE_CHILD_HANG_TIMEOUT_MS)",
+    ["role"],
+)
+BACKEND_OUTAGES = Counter(
+    "kafscale_backend_outages",
+    "Times a process found a backend unreachable and began refusing calls to it until it answers",
+    ["backend"],
+)
 CHILDREN_READY = Gauge(
     "kafscale_children_ready", "Child processes up and answering pings", multiprocess_mode="liveall"
 )

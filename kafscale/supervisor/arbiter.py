@@ -1,8 +1,12 @@
 """The supervisor: starts, watches, restarts and stops the broker's child processes.
 
 Modelled on gunicorn's arbiter. Signal handlers only enqueue the signal (and wake the loop through
-``signal.set_wakeup_fd``); children are reaped with ``waitpid(WNOHANG)``; a child exiting with
-``EXIT_BOOT_FAILED`` (or reporting ``BootFailed``) during start-up stops the broker with its reason.
+``signal.set_wakeup_fd``); children are reaped with ``waitpid(WNOHANG)``, at every moment --
+during another group's boot too -- and what happens next is decided by
+``kafscale.supervisor.policy``: respawn (at once, or with back-off while a child cannot boot or
+a backend is down), or stop the broker with the child's reason (a first boot that failed, or a
+child that keeps failing to boot). A serving child that stops answering its liveness pings for
+``KAFSCALE_CHILD_HANG_TIMEOUT_MS`` is killed (SIGKILL) and respawned like one that died.
 
 Start-up order is coordinator, flusher, shards, frontend: the listener opens last, once everything
 behind it serves. Shutdown runs the other way round, so no client request arrives at a process
@@ -20,7 +24,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 
 import zmq
 from prometheus_client import multiprocess
@@ -29,13 +32,18 @@ from kafscale import metrics
 from kafscale.config import Config
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.shm import sweep_segments
-from kafscale.supervisor.child import CONFIG_FILE, EXIT_BOOT_FAILED
+from kafscale.supervisor import policy
+from kafscale.supervisor.child import CONFIG_FILE
+from kafscale.supervisor.policy import Child, Respawn
+
+__all__ = ["Arbiter", "Child", "StartupError", "metrics_dir"]
 
 log = logging.getLogger(__name__)
 
 BOOT_ORDER = ("coordinator", "flusher", "shard", "frontend")
 STOP_GRACE_SECONDS = {"frontend": 10.0, "shard": 30.0, "flusher": 60.0, "coordinator": 10.0}
-MAX_RESPAWN_BOOT_FAILURES = 5
+# How long to wait for a child's BootFailed notice once its exit status says it sent one.
+BOOT_NOTICE_WAIT_S = 0.5
 
 
 def metrics_dir(runtime_dir: str) -> str:
@@ -44,26 +52,6 @@ def metrics_dir(runtime_dir: str) -> str:
 
 class StartupError(Exception):
     """The broker cannot start; the message says why and is shown to the operator."""
-
-
-@dataclass
-class Child:
-    role: str
-    index: int
-    pid: int = 0
-    started_at: float = 0.0
-    ready: bool = False
-    boot_failures: int = 0  # consecutive failed boots of respawns
-    respawn_at: float | None = None  # when a dead child is due to be spawned again
-    boot_error: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.index}"
-
-    @property
-    def alive(self) -> bool:
-        return self.pid > 0
 
 
 class Arbiter:
@@ -83,6 +71,7 @@ class Arbiter:
         self._wakeup_r, self._wakeup_w = os.pipe()
         self.stopping = False
         self.failure: str | None = None  # why the broker stopped itself, if it did
+        self.hang_timeout_s = config.child_hang_timeout_ms / 1000
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -112,11 +101,10 @@ class Arbiter:
                 self._spawn(child)
             deadline = time.monotonic() + deadline_s
             while not all(child.ready for child in group):
+                if self.failure:
+                    raise StartupError(self.failure)
                 if self.stopping or (self._signals and self._handle_signals()):
                     raise StartupError("interrupted during start-up")
-                failed = next((child for child in group if child.boot_error), None)
-                if failed is not None:
-                    raise StartupError(f"{failed.name} failed to boot: {failed.boot_error}")
                 if time.monotonic() > deadline:
                     late = ", ".join(child.name for child in group if not child.ready)
                     raise StartupError(
@@ -124,15 +112,18 @@ class Arbiter:
                         f"(KAFSCALE_BOOT_TIMEOUT_MS)"
                     )
                 self._wait(100)
-                self._reap(booting=True)
+                # A child of an earlier group may die meanwhile: it is respawned as always.
+                self._reap()
+                self._respawn_due()
 
     def run(self) -> None:
         """Supervise until SIGTERM/SIGINT or an unrecoverable child."""
         while not self.stopping:
             self._wait(500)
             self._handle_signals()
-            self._reap(booting=False)
+            self._reap()
             self._respawn_due()
+            self._kill_hung()
 
     def shutdown(self) -> None:
         """Stop children in reverse boot order, then remove what this run left behind."""
@@ -167,12 +158,13 @@ class Arbiter:
         child.ready = False
         child.boot_error = None
         child.respawn_at = None
+        child.silence = None
         log.info("spawned", extra={"child": child.name, "child_pid": child.pid})
 
     def _find(self, pid: int) -> Child | None:
         return next((child for child in self.children if child.pid == pid), None)
 
-    def _reap(self, booting: bool) -> None:
+    def _reap(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -183,37 +175,62 @@ class Arbiter:
             child = self._find(pid)
             if child is None:
                 continue
-            self._on_exit(child, status, booting)
+            self._on_exit(child, status)
 
-    def _on_exit(self, child: Child, status: int, booting: bool) -> None:
+    def _on_exit(self, child: Child, status: int) -> None:
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
         code = os.waitstatus_to_exitcode(status)
-        was_ready = child.ready
-        child.pid, child.ready = 0, False
-        if self.stopping:
+        if code in (policy.EXIT_BOOT_FAILED, policy.EXIT_DEPENDENCY_DOWN):
+            self._await_boot_notice(child)
+        decision = policy.on_exit(child, code) if not self.stopping else None
+        child.pid, child.ready, child.silence = 0, False, None
+        if decision is None:
             return
-        described = f"signal {-code}" if code < 0 else f"exit status {code}"
-        if not was_ready and code == EXIT_BOOT_FAILED:
-            child.boot_failures += 1
-            child.boot_error = child.boot_error or f"exited with {described}"
-        if booting:
-            child.boot_error = child.boot_error or f"exited with {described} before it was ready"
-            return
-        if child.boot_failures >= MAX_RESPAWN_BOOT_FAILURES:
+        if not isinstance(decision, Respawn):
             log.critical(
-                "child keeps failing to boot; stopping the broker",
-                extra={"child": child.name, "reason": child.boot_error},
+                "child cannot boot; stopping the broker",
+                extra={"child": child.name, "reason": decision.reason},
             )
-            self.failure = f"{child.name} failed to boot: {child.boot_error}"
+            self.failure = decision.reason
             self.stopping = True
             return
-        delay = min(5.0, 0.1 * 2**child.boot_failures) if child.boot_failures else 0.0
-        child.respawn_at = time.monotonic() + delay
+        child.respawn_at = time.monotonic() + decision.delay_s
         metrics.CHILD_RESTARTS.labels(child.role).inc()
         log.warning(
             "child died; respawning",
-            extra={"child": child.name, "exit": described, "respawn_in_s": delay},
+            extra={
+                "child": child.name,
+                "exit": policy.describe_exit(code),
+                "reason": decision.reason,
+                "respawn_in_s": decision.delay_s,
+            },
         )
+
+    def _await_boot_notice(self, child: Child) -> None:
+        """The child said why it failed just before exiting; make sure we read it."""
+        deadline = time.monotonic() + BOOT_NOTICE_WAIT_S
+        while child.boot_error is None and time.monotonic() < deadline:
+            if self._notices.poll(20, zmq.POLLIN):
+                self._on_notice(self._notices.recv())
+
+    def _kill_hung(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            silence = policy.hung(child, now, self.hang_timeout_s)
+            if silence is None:
+                continue
+            log.error(
+                "child does not answer its liveness pings; killing it",
+                extra={
+                    "child": child.name,
+                    "child_pid": child.pid,
+                    "silent_for_s": round(now - silence.since, 1),
+                    "missed_pings": silence.missed,
+                },
+            )
+            metrics.CHILD_HANGS.labels(child.role).inc()
+            child.silence = None
+            _signal(child.pid, signal.SIGKILL)  # a stopped or wedged process ignores SIGTERM
 
     def _respawn_due(self) -> None:
         now = time.monotonic()
@@ -235,7 +252,7 @@ class Arbiter:
                         _signal(child.pid, signal.SIGKILL)
                 deadline = float("inf")
             self._wait(100)
-            self._reap(booting=False)
+            self._reap()
 
     # -- events -------------------------------------------------------------------------------
 
@@ -283,8 +300,7 @@ class Arbiter:
             if child is None:
                 return
             if isinstance(notice, messages.Ready):
-                child.ready = True
-                child.boot_failures = 0
+                policy.on_ready(child)
             else:
                 child.boot_error = notice.reason
 

@@ -3,8 +3,16 @@
 Sets up what all roles share (config from the runtime directory, JSON logs, signals, the
 parent-death signal, the notice socket to the supervisor), then runs the role's ``run``. A role
 calls ``ChildContext.ready()`` once it serves; any exception before that is a boot failure,
-reported to the supervisor with its reason and exit status ``EXIT_BOOT_FAILED`` so that the
-supervisor stops the broker instead of respawning forever (gunicorn's WORKER_BOOT_ERROR).
+reported to the supervisor with its reason and an exit status saying which kind:
+``EXIT_DEPENDENCY_DOWN`` when S3 or the metadata store could not be reached (an outage: the
+supervisor keeps respawning with back-off if the child served before), ``EXIT_BOOT_FAILED``
+otherwise (gunicorn's WORKER_BOOT_ERROR: the supervisor stops the broker instead of respawning
+forever). See ``kafscale.supervisor.policy``.
+
+Test-only: with ``KAFSCALE_TEST_HOLD_READY_DIR`` set, ``ready()`` waits while the file
+``{dir}/{role}-{index}.hold`` exists, so a test can hold one child in its boot and do something
+meanwhile (kill another). Never set it in production; it is not a setting of ``kafscale.config``
+(the broker logs it as an unknown variable).
 """
 
 from __future__ import annotations
@@ -27,9 +35,12 @@ import zmq
 from kafscale import logs
 from kafscale.config import Config
 from kafscale.ipc import endpoints, messages
+from kafscale.metadata.store import MetadataStoreUnavailable
+from kafscale.storage.objects import ObjectStoreUnavailable
+from kafscale.supervisor.policy import EXIT_BOOT_FAILED, EXIT_DEPENDENCY_DOWN
 
-EXIT_BOOT_FAILED = 3
 CONFIG_FILE = "config.json"
+TEST_HOLD_READY_DIR = "KAFSCALE_TEST_HOLD_READY_DIR"
 
 ROLES: dict[str, str] = {
     "coordinator": "kafscale.coordinator.process",
@@ -68,9 +79,20 @@ class ChildContext:
 
     def ready(self) -> None:
         """Tell the supervisor this process serves; failures after this are crashes."""
+        self._hold_for_test()
         self.is_ready = True
         self._notify(messages.Ready(role=self.role, index=self.index, pid=os.getpid()))
         log.info("ready", extra={"role": self.role, "index": self.index})
+
+    def _hold_for_test(self) -> None:
+        directory = os.environ.get(TEST_HOLD_READY_DIR)
+        if not directory:
+            return
+        hold = os.path.join(directory, f"{self.name}.hold")
+        if os.path.exists(hold):
+            log.warning("holding ready (test knob)", extra={"hold": hold})
+            while os.path.exists(hold) and not self.stopping.is_set():
+                time.sleep(0.05)
 
     def boot_failed(self, reason: str) -> None:
         self._notify(
@@ -107,6 +129,19 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def unreachable_backend(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says S3 or the metadata store could
+    not be reached."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, MetadataStoreUnavailable | ObjectStoreUnavailable):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def main(argv: list[str]) -> int:
     role, index, runtime_dir, parent_pid = argv[0], int(argv[1]), argv[2], int(argv[3])
     config, run_id = load_config(runtime_dir)
@@ -137,7 +172,7 @@ def main(argv: list[str]) -> int:
             log.error("boot failed", extra={"reason": reason}, exc_info=exc)
             context.boot_failed(reason)
             context.close()
-            return EXIT_BOOT_FAILED
+            return EXIT_DEPENDENCY_DOWN if unreachable_backend(exc) else EXIT_BOOT_FAILED
         log.critical("crashed", exc_info=exc)
         context.close()
         return 1

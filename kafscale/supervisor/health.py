@@ -11,6 +11,8 @@
 
 A ``HealthChecker`` thread pings the children over their ZeroMQ sockets and checks the backends
 every few seconds; the HTTP threads only read its last verdict, so probes never block on S3/etcd.
+Each ping's outcome is also noted on the child (``policy.note_ping``): the arbiter kills a child
+that stopped answering (``KAFSCALE_CHILD_HANG_TIMEOUT_MS``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import RpcClient, RpcError
-from kafscale.supervisor import admin
+from kafscale.supervisor import admin, policy
 from kafscale.supervisor.arbiter import Child
 
 log = logging.getLogger(__name__)
@@ -96,13 +98,17 @@ class HealthChecker:
                     context, endpoints.address(self.runtime_dir, child.role, child.index)
                 )
                 clients[child.name] = client
+            pid, sent_at = child.pid, time.monotonic()
             try:
                 reply = client.call(messages.Ping(), timeout_ms=1000)
             except RpcError as exc:
+                policy.note_ping(child, pid, answered=False, sent_at=sent_at)
                 log.warning("child does not answer", extra={"child": child.name, "error": str(exc)})
                 problems.append(f"{child.name} does not answer")
                 continue
-            if isinstance(reply.message, messages.Pong):
+            answered = isinstance(reply.message, messages.Pong) and reply.message.pid == pid
+            policy.note_ping(child, pid, answered, sent_at)
+            if answered:
                 ready_children += 1
         metrics.CHILDREN_READY.set(ready_children)
         if time.monotonic() - self._backends_checked_at >= BACKEND_CHECK_INTERVAL_S:

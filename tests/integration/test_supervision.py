@@ -1,7 +1,10 @@
-"""The supervisor restarts dead children, stops cleanly, and refuses to start half-broken."""
+"""The supervisor restarts dead and hung children (also while another child boots), stops cleanly,
+and refuses to start half-broken."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -72,6 +75,100 @@ def test_killed_child_is_restarted_and_metadata_keeps_flowing(
     assert list_brokers(broker.bootstrap) == [0]
     assert f'"child":"{victim}"' in broker.log_text().replace(" ", "")
     assert broker.metrics_text().count("kafscale_child_restarts_total") >= 1
+
+
+def log_entries(broker: Any) -> list[dict[str, Any]]:
+    """The broker's JSON log lines, parsed (the harness's own lines are skipped)."""
+    entries = []
+    for line in broker.log_text().splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                entries.append(json.loads(line))
+    return entries
+
+
+def logged(broker: Any, process: str, msg: str, pid: int | None = None) -> bool:
+    return any(
+        entry.get("process") == process
+        and entry.get("msg") == msg
+        and (pid is None or entry.get("pid") == pid)
+        for entry in log_entries(broker)
+    )
+
+
+# (victim, held): the victim is killed while the held child is in its boot (not yet ready).
+BOOT_RACES = [
+    ("coordinator-0", "flusher-0"),
+    ("coordinator-0", "shard-1"),
+    ("coordinator-0", "frontend-0"),
+    ("flusher-0", "shard-0"),
+    ("flusher-0", "frontend-0"),
+    ("shard-0", "frontend-0"),
+    ("shard-0", "shard-1"),  # the same group: shard-0 was ready, shard-1 still boots
+]
+
+
+@pytest.mark.parametrize(("victim", "held"), BOOT_RACES)
+def test_a_child_killed_while_another_boots_is_respawned(
+    start_broker: Callable[..., Any], tmp_path: Any, victim: str, held: str
+) -> None:
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / f"{held}.hold").touch()
+    broker = start_broker(env={"KAFSCALE_TEST_HOLD_READY_DIR": str(hold)})
+    wait_for(
+        lambda: logged(broker, held, "holding ready (test knob)") and broker.running,
+        60,
+        f"{held} to reach its ready() and be held there",
+    )
+    before = roles(broker)
+    wait_for(lambda: logged(broker, victim, "ready", before[victim]), 30, f"{victim} ready")
+    os.kill(before[victim], signal.SIGKILL)
+    wait_for(
+        lambda: roles(broker).get(victim, before[victim]) != before[victim],
+        30,
+        f"{victim} to be respawned while {held} boots",
+    )
+    after = roles(broker)[victim]
+    wait_for(lambda: logged(broker, victim, "ready", after), 30, f"the new {victim} ready")
+    assert not logged(broker, held, "ready"), f"{held} was not held in its boot"
+    (hold / f"{held}.hold").unlink()
+    broker.wait_ready()
+    assert set(roles(broker)) == {"coordinator-0", "flusher-0", "shard-0", "shard-1", "frontend-0"}
+    assert list_brokers(broker.bootstrap) == [0]
+
+
+def test_a_child_that_stops_answering_pings_is_killed_and_respawned(
+    start_broker: Callable[..., Any],
+) -> None:
+    broker = start_broker(env={"KAFSCALE_CHILD_HANG_TIMEOUT_MS": "6000"})
+    broker.wait_ready()
+    before = roles(broker)
+    os.kill(before["shard-0"], signal.SIGSTOP)  # alive, holds its sockets, answers nothing
+    stopped_at = time.monotonic()
+    wait_for(
+        lambda: roles(broker).get("shard-0", before["shard-0"]) != before["shard-0"],
+        60,
+        "the stopped shard to be killed and respawned",
+    )
+    detected_after = time.monotonic() - stopped_at
+    broker.wait_ready()
+    entries = [
+        e
+        for e in log_entries(broker)
+        if e.get("msg") == "child does not answer its liveness pings; killing it"
+    ]
+    assert len(entries) == 1, entries
+    assert entries[0]["child"] == "shard-0" and entries[0]["child_pid"] == before["shard-0"]
+    assert entries[0]["missed_pings"] >= 3 and entries[0]["silent_for_s"] >= 6.0
+    assert 'kafscale_child_hangs_total{role="shard"} 1.0' in broker.metrics_text()
+    # Only the hung child was replaced; the others kept running throughout.
+    after = roles(broker)
+    assert {n: p for n, p in after.items() if n != "shard-0"} == {
+        n: p for n, p in before.items() if n != "shard-0"
+    }
+    assert list_brokers(broker.bootstrap) == [0]
+    print(f"hung shard replaced {detected_after:.1f} s after SIGSTOP (timeout 6 s)")
 
 
 def test_sigterm_stops_everything_and_leaves_no_shared_memory(
