@@ -1,8 +1,8 @@
 """Per-partition append buffers in POSIX shared memory (Linux /dev/shm).
 
 A shard owns one buffer per open segment of a partition and is its only writer (one thread); the
-flusher and frontends attach by name and read committed bytes in place. This module owns the
-layout, the publication protocol and the segment names the supervisor sweeps. Data is opaque.
+flusher attaches by name and reads committed bytes in place. This module owns the layout, the
+publication protocol and the segment names. Data is opaque.
 
 Protocol, one writer and many reader processes:
 
@@ -31,9 +31,13 @@ check the CRC32C each record batch carries before serving it (a small C fence he
 Lifecycle: Python 3.11's resource tracker registers every SharedMemory, attach included, and
 unlinks it when the registering process tree exits, so a reader's exit would destroy a shard's
 buffer. We unregister right after create/attach: the owner unlinks on ``destroy()``, readers only
-``close()``, the supervisor sweeps a run's leftovers. A SIGKILLed shard's segments stay until
-swept, so a restarted shard can re-adopt one (``attach(name, writable=True)``) and recover acks=1
-data that was never flushed.
+``close()``, the supervisor sweeps a run's leftovers when the broker stops. A SIGKILLed shard's
+segments stay, so its successor (same run, same shard index) re-adopts them: ``shard_segments``
+lists them, ``attach(name, writable=True)`` takes one over (repairing a seqlock its predecessor
+left odd, see ``interrupted``), and the header says whose buffer it is (``owner()``: topic, topic
+id, partition, written at create before the magic) and how it was sealed (``sealed_ms``, ``codec``,
+so a re-flush builds the same segment bytes). ``kafscale.shards.adoption`` decides what of it to
+keep; ``truncate`` drops a tail that did not verify.
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ from multiprocessing.shared_memory import SharedMemory
 
 SHM_DIR = "/dev/shm"
 MAGIC = b"KSBF"
-VERSION = 1
+VERSION = 2  # 2: the owner's identity, sealed_ms and codec in the header
+TOPIC_BYTES = 256  # room for a topic name (Kafka allows 249 characters)
+TOPIC_ID_BYTES = 48  # room for a topic id's text form (a UUID takes 36)
 
 _HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("magic", "4s"),  # b"KSBF": we refuse to attach to anything else in /dev/shm
@@ -64,19 +70,30 @@ _HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("sealed", "Q"),  # 1 once seal() ran: no more appends in this generation
     ("batch_count", "Q"),  # appends since the last reset
     ("record_count", "Q"),  # records in those appends, as the writer reported them
+    ("sealed_ms", "q"),  # when seal() ran (0 before): the segment's created time in S3
+    ("codec", "Q"),  # the codec the flusher applies, as of create, then as of seal
+    # The owner's identity: written at create, before the magic, never changed afterwards.
+    ("partition", "q"),
+    ("topic_created_ms", "q"),  # tells a topic from an earlier one of the same name
+    ("topic_id", f"{TOPIC_ID_BYTES}s"),  # text, NUL-padded
+    ("topic_length", "Q"),  # bytes of the topic name below
+    ("topic", f"{TOPIC_BYTES}s"),  # UTF-8, NUL-padded
 )
 HEADER = struct.Struct("<" + "".join(fmt for _, fmt in _HEADER_FIELDS))
+_AT = {name: i for i, (name, _) in enumerate(_HEADER_FIELDS)}  # index in HEADER.unpack()
+# The fields up to the identity, the ones the writer changes: what snapshot() unpacks.
+_LIVE = struct.Struct("<" + "".join(fmt for _, fmt in _HEADER_FIELDS[: _AT["partition"]]))
 _OFFSET = {
     name: struct.calcsize("<" + "".join(fmt for _, fmt in _HEADER_FIELDS[:i]))
     for i, (name, _) in enumerate(_HEADER_FIELDS)
 }
 _WORD = {name: struct.Struct("<" + fmt) for name, fmt in _HEADER_FIELDS if fmt in ("Q", "q")}
 assert all(_OFFSET[name] % 8 == 0 for name in _WORD), "header words must be 8-byte aligned"
-_AT = {name: i for i, (name, _) in enumerate(_HEADER_FIELDS)}  # index in HEADER.unpack()
 DATA_START = -(-HEADER.size // 64) * 64  # the data region starts at the next cache line
 
-_EMPTY = {"committed": 0, "sealed": 0, "batch_count": 0, "record_count": 0}
+_EMPTY = {"committed": 0, "sealed": 0, "batch_count": 0, "record_count": 0, "sealed_ms": 0}
 _RUN_ID = re.compile(r"[0-9A-Za-z]{1,32}")
+_SLOT = re.compile(r"b(\d+)")
 
 
 class PartitionBufferError(Exception):
@@ -109,6 +126,30 @@ class BufferState:
     sealed: bool
     batch_count: int
     record_count: int
+    sealed_ms: int
+    codec: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferOwner:
+    """Whose buffer it is: the partition of one incarnation of a topic."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    topic_created_ms: int = 0
+
+    def encode(self) -> tuple[int, int, bytes, int, bytes]:
+        """The header's identity fields, in header order; ValueError if they do not fit."""
+        topic, topic_id = self.topic.encode(), self.topic_id.encode()
+        if not 0 < len(topic) <= TOPIC_BYTES or not 0 < len(topic_id) <= TOPIC_ID_BYTES:
+            raise ValueError(f"topic {self.topic!r} or topic id {self.topic_id!r} does not fit")
+        if self.partition < 0:
+            raise ValueError(f"partition must be >= 0, got {self.partition}")
+        return self.partition, self.topic_created_ms, topic_id, len(topic), topic
+
+
+NO_OWNER = (0, 0, b"", 0, b"")  # a buffer nobody claims (tests); adoption discards it
 
 
 def run_prefix(run_id: str) -> str:
@@ -129,9 +170,25 @@ def sweep_segments(run_id: str) -> list[str]:
     return _sweep(run_prefix(run_id))
 
 
-def sweep_shard_segments(run_id: str, shard: int) -> list[str]:
-    """Unlink one shard's segments of the run (the shard restarts without recovering them)."""
-    return _sweep(f"{run_prefix(run_id)}s{shard}-")
+def shard_segments(run_id: str, shard: int) -> list[tuple[str, int | None]]:
+    """One shard's segments of the run in /dev/shm, as (name, slot); slot None for a name that
+    does not end in a slot number (not one of ours, but in our namespace)."""
+    prefix = f"{run_prefix(run_id)}s{shard}-"
+    found = []
+    for entry in sorted(os.listdir(SHM_DIR)):
+        if entry.startswith(prefix):
+            match = _SLOT.fullmatch(entry[len(prefix) :])
+            found.append((entry, int(match[1]) if match else None))
+    return found
+
+
+def unlink_segment(name: str) -> bool:
+    """Unlink a segment by name (mappings stay valid until closed); False if it was gone."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _sweep(prefix: str) -> list[str]:
@@ -172,32 +229,46 @@ class PartitionBuffer:
         self._shm: SharedMemory | None = shm
         self.name, self.writable = shm.name, writable
         self._mem = shm.buf if writable else shm.buf.toreadonly()
-        fields = HEADER.unpack_from(self._mem)
+        fields = _LIVE.unpack_from(self._mem)
         self.capacity: int = fields[_AT["capacity"]]
         self._data = self._mem[DATA_START : DATA_START + self.capacity]
         self._ro = self._data.toreadonly()
         self._exported: list[weakref.ref[memoryview]] = []
         # The writer's own copy of what it publishes; it is the only one changing the header.
-        self._seq, _, self._committed, _, sealed, self._batches, self._records = fields[
-            _AT["seq"] :
-        ]
-        self._sealed = bool(sealed)
+        self._seq = fields[_AT["seq"]]
+        self._committed = fields[_AT["committed"]]
+        self._batches = fields[_AT["batch_count"]]
+        self._records = fields[_AT["record_count"]]
+        self._sealed = bool(fields[_AT["sealed"]])
         # An owner that died between the two seq stores left it odd; readers would wait forever.
-        # The header may then be half-updated: the new owner should verify batch CRCs.
+        # The header may then be half-updated: the new owner must verify what it adopts (batch
+        # framing and CRCs) and must not trust ``sealed``: a seal that never finished was never
+        # followed by a flush.
         self.interrupted = writable and bool(self._seq & 1)
         if self.interrupted:
             self._seq += 1
             _WORD["seq"].pack_into(self._mem, _OFFSET["seq"], self._seq)
 
     @classmethod
-    def create(cls, name: str, capacity: int, base_offset: int = 0) -> PartitionBuffer:
+    def create(
+        cls,
+        name: str,
+        capacity: int,
+        base_offset: int = 0,
+        *,
+        owner: BufferOwner | None = None,
+        codec: int = 0,
+    ) -> PartitionBuffer:
         """Create a new segment (FileExistsError if the name is taken) and own it."""
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
+        identity = owner.encode() if owner is not None else NO_OWNER
         shm = _open(name, create=True, size=DATA_START + capacity)
         assert shm.buf is not None
-        # Magic goes in last: a reader racing the creation sees "not a buffer", never half a header.
-        HEADER.pack_into(shm.buf, 0, bytes(4), VERSION, capacity, 0, 0, 0, base_offset, 0, 0, 0)
+        # Magic goes in last: a reader racing the creation sees "not a buffer", never half a
+        # header, and a successor adopting it never finds a buffer without its owner.
+        live = (bytes(4), VERSION, capacity, 0, 0, 0, base_offset, 0, 0, 0, 0, codec)
+        HEADER.pack_into(shm.buf, 0, *live, *identity)
         shm.buf[0:4] = MAGIC
         return cls(shm, writable=True)
 
@@ -214,6 +285,19 @@ class PartitionBuffer:
             shm.close()
             raise
         return cls(shm, writable)
+
+    def owner(self) -> BufferOwner:
+        """The identity written at create; BufferFormatError if there is none or it is garbled."""
+        fields = HEADER.unpack_from(self._mem)
+        partition, created, topic_id, length, topic = fields[_AT["partition"] :]
+        if not 0 < length <= TOPIC_BYTES or partition < 0 or not topic_id.rstrip(b"\0"):
+            raise BufferFormatError(f"{self.name}: no owner in the header")
+        try:
+            return BufferOwner(
+                topic[:length].decode(), topic_id.rstrip(b"\0").decode(), partition, created
+            )
+        except UnicodeDecodeError as exc:
+            raise BufferFormatError(f"{self.name}: the owner does not decode: {exc}") from None
 
     # -- writer: the owning shard -----------------------------------------------------------
 
@@ -235,11 +319,26 @@ class PartitionBuffer:
         self._publish(committed=end, batch_count=self._batches, record_count=self._records)
         return start
 
-    def seal(self) -> None:
-        """Refuse further appends in this generation."""
+    def seal(self, *, sealed_ms: int | None = None, codec: int | None = None) -> None:
+        """Refuse further appends in this generation; record when, and the codec to flush with
+        (both go into the segment, so a successor re-flushing it builds the same bytes)."""
         self._require_writer()
         self._sealed = True
-        self._publish(sealed=1)
+        fields = {"sealed": 1}
+        if sealed_ms is not None:
+            fields["sealed_ms"] = sealed_ms
+        if codec is not None:
+            fields["codec"] = codec
+        self._publish(**fields)
+
+    def truncate(self, committed: int, batch_count: int, record_count: int) -> None:
+        """Owner only, on adoption: shrink ``committed`` to the prefix that verified. No byte
+        changes, so readers of the kept prefix are unaffected."""
+        self._require_writer()
+        if not 0 <= committed <= min(self._committed, self.capacity):
+            raise ValueError(f"{self.name}: cannot truncate {self._committed} to {committed}")
+        self._committed, self._batches, self._records = committed, batch_count, record_count
+        self._publish(committed=committed, batch_count=batch_count, record_count=record_count)
 
     def reset(self, base_offset: int) -> None:
         """Start a new, empty generation at base_offset (after the flusher released the buffer)."""
@@ -270,10 +369,14 @@ class PartitionBuffer:
         while True:
             before = seq.unpack_from(mem, seq_at)[0]
             if not before & 1:
-                fields = HEADER.unpack_from(mem)
+                fields = _LIVE.unpack_from(mem)
                 if seq.unpack_from(mem, seq_at)[0] == before:
-                    gen, committed, base, sealed, batches, records = fields[_AT["generation"] :]
-                    return BufferState(gen, committed, base, bool(sealed), batches, records)
+                    gen, committed, base, sealed, batches, records, sealed_ms, codec = fields[
+                        _AT["generation"] :
+                    ]
+                    return BufferState(
+                        gen, committed, base, bool(sealed), batches, records, sealed_ms, codec
+                    )
             spins += 1
             if spins > 100:  # the writer was descheduled mid-update, or died there
                 now = time.monotonic()
@@ -360,7 +463,7 @@ def _validate(shm: SharedMemory) -> None:
     magic = bytes(buf[:4])
     if magic != MAGIC or shm.size < DATA_START:
         raise BufferFormatError(f"segment {name!r} is not a KafScale buffer (starts {magic!r})")
-    _, version, capacity = HEADER.unpack_from(buf)[:3]
+    _, version, capacity = _LIVE.unpack_from(buf)[:3]
     if version != VERSION:
         raise BufferFormatError(f"segment {name!r} has layout version {version}, not {VERSION}")
     if DATA_START + capacity > shm.size:

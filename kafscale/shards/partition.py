@@ -7,8 +7,13 @@ demand; sealed buffers are flushed strictly one at a time and in order, so commi
 coordinator contiguous. Only a committed flush moves the high watermark.
 
 Invariants: ``high_watermark <= next_offset``; ``sealed`` holds consecutive offset ranges starting
-at ``high_watermark``; the open buffer starts where the last sealed one ends. Clock and buffer
+at ``high_watermark``; the open buffer starts where the last sealed one ends; an offset is given
+out once (``next_offset`` moves in the same step as the buffer's ``committed``). Clock and buffer
 allocation are passed in, so this is testable without a process.
+
+A buffer records, when sealed, the time (the segment's created time) and the codec the flusher
+applies, in shared memory too: a successor shard that adopts the buffers of a crashed one
+(``adopt``, decided by ``kafscale.shards.adoption``) re-flushes them into the same bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from kafscale.ipc.shm import PartitionBuffer
 from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
 from kafscale.protocol.records import BatchHeader
+from kafscale.shards.adoption import AdoptedPartition
 from kafscale.shards.cache import Chunk
 from kafscale.shards.producers import ProducerStates, Verdict
 from kafscale.shards.segments import CommittedSegments
@@ -49,6 +55,7 @@ class BufferedSegment:
     records: int = 0
     max_timestamp: int = -1
     sealed_ms: int = 0
+    codec: int = 0  # the codec the flusher applies, as of the seal
     producers: dict[int, Any] = field(default_factory=dict)  # snapshot at seal
     starts: list[int] = field(default_factory=list)  # where each batch starts in the buffer
     lasts: list[int] = field(default_factory=list)  # each batch's last offset
@@ -104,7 +111,7 @@ class PartitionLog:
         producers: ProducerStates,
         segment_bytes: int,
         flush_interval_ms: int,
-        new_buffer: Callable[[int, int], PartitionBuffer],
+        new_buffer: Callable[[int, int, int], PartitionBuffer],
         segments: CommittedSegments | None = None,
         log_start_offset: int = 0,
     ) -> None:
@@ -114,7 +121,8 @@ class PartitionLog:
         self.producers = producers
         self.segment_bytes = segment_bytes
         self.flush_interval_ms = flush_interval_ms
-        self._new_buffer = new_buffer  # (capacity, base_offset) -> buffer
+        self._new_buffer = new_buffer  # (capacity, base_offset, codec) -> buffer
+        self.codec = 0  # the topic's compression codec for the flusher, as of the last append
         self.open: BufferedSegment | None = None
         self.sealed: deque[BufferedSegment] = deque()
         self.flushing = False
@@ -155,6 +163,8 @@ class PartitionLog:
             timestamp = max_timestamp = now_ms
         segment = self._segment_for(len(data), now_ms)
         segment.buffer.append(data, records=header.records_count)
+        # Published: from here on nothing may fail before next_offset has moved past the batch.
+        self.next_offset = base_offset + header.last_offset_delta + 1
         segment.starts.append(segment.size)
         self.producers.record(
             header.producer_id,
@@ -164,7 +174,6 @@ class PartitionLog:
             base_offset,
             max_timestamp,
         )
-        self.next_offset = base_offset + header.last_offset_delta + 1
         segment.next_offset = self.next_offset
         segment.lasts.append(self.next_offset - 1)
         segment.size += len(data)
@@ -183,7 +192,7 @@ class PartitionLog:
                 return self.open
             self.seal(now_ms)
         capacity = max(self.segment_bytes, size)
-        buffer = self._new_buffer(capacity, self.next_offset)
+        buffer = self._new_buffer(capacity, self.next_offset, self.codec)
         self.open = BufferedSegment(
             buffer=buffer,
             base_offset=self.next_offset,
@@ -200,10 +209,39 @@ class PartitionLog:
         if segment.size == 0:
             segment.buffer.destroy()
             return
-        segment.buffer.seal()
-        segment.sealed_ms = now_ms
+        segment.buffer.seal(sealed_ms=now_ms, codec=self.codec)
+        segment.sealed_ms, segment.codec = now_ms, self.codec
         segment.producers = self.producers.snapshot()
         self.sealed.append(segment)
+
+    def adopt(self, adopted: AdoptedPartition, buffers: list[PartitionBuffer], now_ms: int) -> None:
+        """Take over a crashed predecessor's buffers (verified, contiguous from the high
+        watermark): all are sealed and queued for flushing, offsets continue after them."""
+        if self.open is not None or self.sealed or self.next_offset != adopted.high_watermark:
+            raise ValueError(f"{self.topic}-{self.partition}: adopt into a fresh log only")
+        for info, buffer in zip(adopted.buffers, buffers, strict=True):
+            if info.sealed_ms is None:  # never sealed (or the seal was interrupted)
+                buffer.seal(sealed_ms=now_ms, codec=info.codec)
+            self.sealed.append(
+                BufferedSegment(
+                    buffer=buffer,
+                    base_offset=info.base_offset,
+                    next_offset=info.next_offset,
+                    first_append_ms=now_ms,
+                    size=info.size,
+                    records=info.records,
+                    max_timestamp=info.max_timestamp,
+                    sealed_ms=now_ms if info.sealed_ms is None else info.sealed_ms,
+                    codec=info.codec,
+                    producers=info.producers,
+                    starts=list(info.starts),
+                    lasts=list(info.lasts),
+                )
+            )
+        self.next_offset = adopted.next_offset
+        self.producers = ProducerStates.restore(adopted.producers)
+        if adopted.buffers:
+            self.codec = adopted.buffers[-1].codec
 
     def seal_if_due(self, now_ms: int) -> None:
         if self.open is not None and now_ms - self.open.first_append_ms >= self.flush_interval_ms:

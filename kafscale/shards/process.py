@@ -5,10 +5,15 @@ shard validates the batch (``kafscale.protocol.records``), checks idempotence an
 (``PartitionLog``), and answers: at once for acks=0/1, once the flusher reports the segment
 committed for acks=all. Sealed buffers go to the flusher one partition-flush at a time.
 
-A partition is loaded on first use from its committed state in the metadata store; segments that
-were uploaded but never committed (a crash between upload and commit) are verified and adopted,
-or removed when corrupt or not contiguous. Buffers of a previous incarnation of this shard are
-removed at boot: what was only in them was never acknowledged beyond acks=1.
+A partition is loaded on first use from its committed state (``kafscale.shards.loading``). A
+shard that restarts after a crash first adopts the buffers its predecessor left in shared memory
+(verified, reconciled with the committed state: ``kafscale.shards.adoption``), before it reports
+ready: acks=1 data survives the crash, offsets continue after it, and the adopted buffers are
+flushed like any sealed buffer (a re-flush of a segment the predecessor's flush already uploaded
+or committed builds the same bytes and is answered "committed").
+
+Containment: an exception while serving one request is logged and answered with an error (for
+an Append, per partition), and the loop goes on; it never takes the shard down.
 """
 
 from __future__ import annotations
@@ -22,17 +27,13 @@ import zmq
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcServer
-from kafscale.ipc.shm import PartitionBuffer, segment_name, sweep_shard_segments
-from kafscale.metadata import open_metadata_store, records
-from kafscale.metadata.records import Keys, PartitionRecord
+from kafscale.metadata import open_metadata_store
 from kafscale.metadata.store import MetadataStore
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
+from kafscale.shards.loading import PartitionLoader
 from kafscale.shards.partition import PartitionLog, StaleTopic
-from kafscale.shards.producers import ProducerStates
 from kafscale.shards.reader import ReadPath
-from kafscale.shards.recovery import adopt_uncommitted
-from kafscale.shards.segments import CommittedSegments
 from kafscale.storage import open_object_store
 from kafscale.storage.metered import MeteredObjectStore
 from kafscale.storage.objects import ObjectStore
@@ -48,6 +49,7 @@ FLUSH_TIMEOUT_MS = 10_000
 SLOW_PENALTY_MS = 2_000
 FLUSH_ALL_TIMEOUT_MS = 60_000  # how long a slow upload keeps produce refused
 ACKS_ALL = -1
+NOTICES = (messages.LogStartMoved, messages.ReleaseFetch)  # nobody waits on an answer to these
 
 
 @dataclass
@@ -64,7 +66,6 @@ class PendingProduce:
 @dataclass
 class FlushState:
     retry_at_ms: int = 0
-    codec: int = 0
     topic_created_ms: int = 0
     in_flight: int = -1  # base offset of the flush in flight
     sent_ms: int = 0
@@ -79,7 +80,6 @@ class Shard:
         self.config = ctx.config
         self.store = store
         self.objects = objects
-        self.keys = Keys(self.config.s3_namespace)
         self.server = RpcServer(ctx.zmq_context, ctx.address())
         self.flusher = ctx.zmq_context.socket(zmq.DEALER)
         self.flusher.setsockopt(zmq.LINGER, 0)
@@ -90,7 +90,9 @@ class Shard:
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.flush_state: dict[tuple[str, int], FlushState] = {}
         self.pending: list[PendingProduce] = []
-        self._slots = 0
+        self.loader = PartitionLoader(
+            self.config, store, objects, self.coordinator, ctx.run_id, ctx.index
+        )
         # Back-pressure and S3 health gating: appends are refused at once, with a retriable
         # error, while the buffers are full or while flushes fail or run slow.
         self.budget = self.config.buffer_bytes // self.config.shards
@@ -123,24 +125,35 @@ class Shard:
 
     def _drain_requests(self) -> None:
         while (incoming := self.server.recv(0)) is not None:
-            message = incoming.message
-            if isinstance(message, messages.Ping):
-                self.server.reply(incoming, self.ctx.pong())
-            elif isinstance(message, messages.Append):
-                self._on_append(incoming, message)
-            elif isinstance(message, messages.Fetch):
-                self.reads.on_fetch(incoming, message)
-            elif isinstance(message, messages.ReleaseFetch):
-                self.reads.on_release(incoming, message)
-            elif isinstance(message, messages.ListOffsets):
-                self.reads.on_list_offsets(incoming, message)
-            elif isinstance(message, messages.LogStartMoved):
-                self._on_log_start_moved(message)
-            elif isinstance(message, messages.FlushAll):
-                self._on_flush_all(incoming)
-            else:
-                name = type(message).__name__
-                self.server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
+            try:
+                self._serve(incoming)
+            except Exception as exc:
+                # A bug or a poison input must cost this request, not every partition's data.
+                name = type(incoming.message).__name__
+                log.exception("request failed", extra={"request": name})
+                if not isinstance(incoming.message, NOTICES):
+                    error = f"the shard failed to serve {name}: {type(exc).__name__}"
+                    self.server.reply(incoming, messages.ErrorReply(message=error))
+
+    def _serve(self, incoming: Incoming) -> None:
+        message = incoming.message
+        if isinstance(message, messages.Ping):
+            self.server.reply(incoming, self.ctx.pong())
+        elif isinstance(message, messages.Append):
+            self._on_append(incoming, message)
+        elif isinstance(message, messages.Fetch):
+            self.reads.on_fetch(incoming, message)
+        elif isinstance(message, messages.ReleaseFetch):
+            self.reads.on_release(incoming, message)
+        elif isinstance(message, messages.ListOffsets):
+            self.reads.on_list_offsets(incoming, message)
+        elif isinstance(message, messages.LogStartMoved):
+            self._on_log_start_moved(message)
+        elif isinstance(message, messages.FlushAll):
+            self._on_flush_all(incoming)
+        else:
+            name = type(message).__name__
+            self.server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
 
     def _drain_flush_replies(self) -> None:
         while self.flusher.poll(0, zmq.POLLIN):
@@ -182,56 +195,18 @@ class Shard:
                 results.append(_error(ErrorCode.invalid_request, "no records for the partition"))
                 continue
             try:
-                partition = self._partition_for(
-                    entry.topic, entry.topic_id, entry.partition, entry.topic_created_ms
+                result, wait = self._append(entry, frame, now)
+            except Exception as exc:
+                # Contained to this partition: the batch was not appended (an append that
+                # published moves next_offset in the same step), so the producer may retry.
+                log.exception(
+                    "append failed", extra={"topic": entry.topic, "partition": entry.partition}
                 )
-            except StaleTopic as exc:
-                results.append(_error(ErrorCode.unknown_topic_or_partition, str(exc)))
-                continue
-            self.flush_state[(entry.topic, entry.partition)].codec = entry.codec
-            # The topic's segment.bytes, as of this request (it may be altered at any time).
-            partition.segment_bytes = entry.segment_bytes or self.config.segment_bytes
-            found = batches.split_batches(
-                frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
-            )
-            if isinstance(found, batches.BatchError):
-                metrics.BATCHES_REJECTED.labels(found.error_code.name).inc()
-                log.warning(
-                    "batch refused",
-                    extra={
-                        "topic": entry.topic,
-                        "partition": entry.partition,
-                        "error": found.error_code.name,
-                        "reason": found.message,
-                    },
-                )
-                results.append(_error(found.error_code, found.message))
-                continue
-            [batch] = found
-            refusal = self._refusal(now, len(batch.data))
-            if refusal is not None:
-                metrics.BATCHES_REJECTED.labels("storage").inc()
-                results.append(_error(ErrorCode.kafka_storage_error, refusal))
-                continue
-            outcome = partition.append(batch.data, batch.header, now, entry.log_append_time)
-            if outcome.error != ErrorCode.none:
-                metrics.BATCHES_REJECTED.labels(outcome.error.name).inc()
-                results.append(_error(outcome.error, outcome.message))
-                continue
-            if not outcome.duplicate:
-                self.reads.appended(partition)
-                self.unflushed += len(batch.data)
-                metrics.RECORDS_PRODUCED.inc(batch.header.records_count)
-                metrics.BYTES_PRODUCED.inc(len(batch.data))
-            results.append(
-                messages.AppendResult(
-                    base_offset=outcome.base_offset,
-                    log_append_time=outcome.log_append_time,
-                    log_start_offset=partition.log_start_offset,
-                )
-            )
-            if outcome.last_offset >= partition.high_watermark:
-                waits[index] = (partition, outcome.last_offset)
+                metrics.BATCHES_REJECTED.labels("internal").inc()
+                result, wait = _error(ErrorCode.unknown_server_error, type(exc).__name__), None
+            results.append(result)
+            if wait is not None:
+                waits[index] = wait
         if request.acks == ACKS_ALL and waits:
             self.pending.append(
                 PendingProduce(incoming, results, waits, now + max(request.timeout_ms, 0))
@@ -239,6 +214,58 @@ class Shard:
         else:
             self.server.reply(incoming, messages.Appended(results=results))
         self._update_gauges()
+
+    def _append(
+        self, entry: messages.AppendEntry, frame: zmq.Frame, now: int
+    ) -> tuple[messages.AppendResult, tuple[PartitionLog, int] | None]:
+        """Validate and append one partition's batch: its result, and what an acks=all
+        request waits for (the partition and the batch's last offset), if anything."""
+        try:
+            partition = self._partition_for(
+                entry.topic, entry.topic_id, entry.partition, entry.topic_created_ms
+            )
+        except StaleTopic as exc:
+            return _error(ErrorCode.unknown_topic_or_partition, str(exc)), None
+        partition.codec = entry.codec
+        # The topic's segment.bytes, as of this request (it may be altered at any time).
+        partition.segment_bytes = entry.segment_bytes or self.config.segment_bytes
+        found = batches.split_batches(
+            frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
+        )
+        if isinstance(found, batches.BatchError):
+            metrics.BATCHES_REJECTED.labels(found.error_code.name).inc()
+            log.warning(
+                "batch refused",
+                extra={
+                    "topic": entry.topic,
+                    "partition": entry.partition,
+                    "error": found.error_code.name,
+                    "reason": found.message,
+                },
+            )
+            return _error(found.error_code, found.message), None
+        [batch] = found
+        refusal = self._refusal(now, len(batch.data))
+        if refusal is not None:
+            metrics.BATCHES_REJECTED.labels("storage").inc()
+            return _error(ErrorCode.kafka_storage_error, refusal), None
+        outcome = partition.append(batch.data, batch.header, now, entry.log_append_time)
+        if outcome.error != ErrorCode.none:
+            metrics.BATCHES_REJECTED.labels(outcome.error.name).inc()
+            return _error(outcome.error, outcome.message), None
+        if not outcome.duplicate:
+            self.reads.appended(partition)
+            self.unflushed += len(batch.data)
+            metrics.RECORDS_PRODUCED.inc(batch.header.records_count)
+            metrics.BYTES_PRODUCED.inc(len(batch.data))
+        result = messages.AppendResult(
+            base_offset=outcome.base_offset,
+            log_append_time=outcome.log_append_time,
+            log_start_offset=partition.log_start_offset,
+        )
+        if outcome.last_offset < partition.high_watermark:
+            return result, None  # a duplicate of a batch committed already
+        return result, (partition, outcome.last_offset)
 
     def _on_flush_all(self, incoming: Incoming) -> None:
         now = now_ms()
@@ -295,59 +322,19 @@ class Shard:
         if partition is not None:  # the topic was deleted and created again
             self.unflushed -= partition.close()
             self.storage_failing.discard(key)
-        partition = self._load(topic, topic_id, index, topic_created_ms)
+        partition = self.loader.load(topic, topic_id, index, topic_created_ms)
         self.partitions[key] = partition
         self.flush_state[key] = FlushState(topic_created_ms=topic_created_ms)
         return partition
 
-    def _load(self, topic: str, topic_id: str, index: int, topic_created_ms: int) -> PartitionLog:
-        kv = self.store.get(self.keys.partition(topic, index))
-        state = records.decode_partition(kv.value) if kv is not None else None
-        if state is None or state.topic_id != topic_id:
-            state = PartitionRecord(topic_id=topic_id)
-        producers = ProducerStates.restore(state.producers)
-        high_watermark = adopt_uncommitted(
-            self.objects,
-            self.coordinator,
-            self.config.s3_namespace,
-            topic,
-            topic_id,
-            index,
-            state.high_watermark,
-            producers,
-            topic_created_ms=topic_created_ms,
-        )
-        committed = CommittedSegments(
-            segment
-            for kv in self.store.get_prefix(self.keys.segments(topic, index))
-            if (segment := records.decode_segment(kv.value)).last_offset < high_watermark
-        )
-        log.info(
-            "partition loaded",
-            extra={
-                "topic": topic,
-                "partition": index,
-                "high_watermark": high_watermark,
-                "segments": len(committed),
-            },
-        )
-        return PartitionLog(
-            topic,
-            topic_id,
-            index,
-            high_watermark,
-            producers,
-            self.config.segment_bytes,
-            self.config.flush_interval_ms,
-            self._new_buffer,
-            segments=committed,
-            log_start_offset=state.log_start_offset,
-        )
-
-    def _new_buffer(self, capacity: int, base_offset: int) -> PartitionBuffer:
-        self._slots += 1
-        name = segment_name(self.ctx.run_id, self.ctx.index, self._slots)
-        return PartitionBuffer.create(name, capacity, base_offset)
+    def adopt_predecessor(self) -> None:
+        """Take over the buffers a crashed predecessor left (at boot, before serving)."""
+        for partition, topic_created_ms in self.loader.adopt_predecessor(now_ms()):
+            key = (partition.topic, partition.partition)
+            self.partitions[key] = partition
+            self.flush_state[key] = FlushState(topic_created_ms=topic_created_ms)
+            self.unflushed += partition.unflushed_bytes
+        self._update_gauges()
 
     # -- flushes -------------------------------------------------------------------------------
 
@@ -367,7 +354,7 @@ class Shard:
             records=segment.records,
             max_timestamp=segment.max_timestamp,
             created_ms=segment.sealed_ms,
-            codec=state.codec,
+            codec=segment.codec,
             producers=segment.producers,
             topic_created_ms=state.topic_created_ms,
         )
@@ -496,13 +483,11 @@ def now_ms() -> int:
 
 
 def run(ctx: ChildContext) -> None:
-    stale = sweep_shard_segments(ctx.run_id, ctx.index)
-    if stale:
-        log.warning("removed buffers of a previous incarnation", extra={"segments": stale})
     store = open_metadata_store(ctx.config)
     objects = MeteredObjectStore(open_object_store(ctx.config))
     shard = Shard(ctx, store, objects)
     try:
+        shard.adopt_predecessor()  # before ready: no append is served before it is done
         ctx.ready()
         shard.run()
     finally:

@@ -28,15 +28,18 @@ from kafscale.ipc import shm as buffer
 from kafscale.ipc.shm import (
     DATA_START,
     SHM_DIR,
+    VERSION,
     BufferFormatError,
     BufferFull,
+    BufferOwner,
     BufferSealed,
     PartitionBuffer,
     StaleBufferError,
     run_prefix,
     segment_name,
+    shard_segments,
     sweep_segments,
-    sweep_shard_segments,
+    unlink_segment,
 )
 
 SPAWN = mp.get_context("spawn")
@@ -413,12 +416,19 @@ def test_sigkilled_owner_leaves_segments_until_swept(run_id: str, other_run_id: 
         bystander.destroy()
 
 
-def test_sweep_shard_segments_takes_only_that_shard(run_id: str) -> None:
-    names = [segment_name(run_id, shard, slot) for shard, slot in ((1, 0), (1, 1), (10, 0), (2, 0))]
+def test_shard_segments_lists_only_that_shard_with_slots(run_id: str) -> None:
+    slots = ((1, 0), (1, 12), (10, 0), (2, 0), (1, 3))
+    names = [segment_name(run_id, shard, slot) for shard, slot in slots]
     buffers = [PartitionBuffer.create(name, capacity=64) for name in names]
+    stray = f"{run_prefix(run_id)}s1-junk"
+    write_raw_segment(stray, b"x")
     try:
-        assert sweep_shard_segments(run_id, 1) == names[:2]
-        assert on_disk(run_id) == sorted(names[2:])
+        assert shard_segments(run_id, 1) == sorted(
+            [(names[0], 0), (names[1], 12), (names[4], 3), (stray, None)]
+        )
+        assert on_disk(run_id) == sorted([*names, stray])  # listing removes nothing
+        assert unlink_segment(stray)
+        assert not unlink_segment(stray)
     finally:
         for buf in buffers:
             buf.destroy()
@@ -430,7 +440,8 @@ def test_sweep_shard_segments_takes_only_that_shard(run_id: str) -> None:
         (b"NOPE" + bytes(4092), "not a KafScale buffer"),
         (b"KSBF" + bytes(12), "not a KafScale buffer"),  # shorter than the header
         (b"KSBF" + struct.pack("<IQ", 99, 0) + bytes(DATA_START), "layout version 99"),
-        (b"KSBF" + struct.pack("<IQ", 1, 1 << 20) + bytes(DATA_START), "claims 1048576 bytes"),
+        (b"KSBF" + struct.pack("<IQ", 1, 0) + bytes(DATA_START), "layout version 1,"),
+        (b"KSBF" + struct.pack("<IQ", VERSION, 1 << 20) + bytes(DATA_START), "claims 1048576"),
         (b"", "empty"),
     ],
 )
@@ -450,3 +461,78 @@ def test_create_refuses_an_existing_name_and_attach_a_missing_one(owner: Partiti
     with pytest.raises(FileNotFoundError):
         PartitionBuffer.attach(owner.name + "-missing")
     assert DATA_START + owner.capacity == os.stat(os.path.join(SHM_DIR, owner.name)).st_size
+
+
+# -- the header a successor adopts by: owner, seal time and codec, truncation ---------------------
+
+
+def test_owner_is_in_the_header_before_the_magic(run_id: str) -> None:
+    owner = BufferOwner("orders.eu", str(uuid.UUID(int=5)), 7, topic_created_ms=1_700_000_000_123)
+    with PartitionBuffer.create(segment_name(run_id, 0, 1), 64, 40, owner=owner, codec=2) as buf:
+        try:
+            assert buf.owner() == owner
+            with PartitionBuffer.attach(buf.name) as reader:
+                assert reader.owner() == owner
+                state = reader.snapshot()
+                assert (state.base_offset, state.codec, state.sealed_ms) == (40, 2, 0)
+        finally:
+            buf.destroy()
+    with PartitionBuffer.create(segment_name(run_id, 0, 2), capacity=64) as anonymous:
+        try:
+            with pytest.raises(BufferFormatError, match="no owner"):
+                anonymous.owner()
+        finally:
+            anonymous.destroy()
+    for bad in (
+        BufferOwner("t" * 257, "id", 0),
+        BufferOwner("", "id", 0),
+        BufferOwner("t", "i" * 49, 0),
+        BufferOwner("t", "id", -1),
+    ):
+        with pytest.raises(ValueError):
+            PartitionBuffer.create(segment_name(run_id, 0, 3), capacity=64, owner=bad)
+    assert on_disk(run_id) == []  # a refused identity creates nothing
+
+
+def test_a_garbled_owner_is_refused(owner: PartitionBuffer) -> None:
+    topic_at = buffer._OFFSET["topic"]
+    length_at = buffer._OFFSET["topic_length"]
+    struct.pack_into("<Q", owner._mem, length_at, 2)
+    owner._mem[topic_at : topic_at + 2] = b"\xff\xfe"
+    struct.pack_into("<Q", owner._mem, buffer._OFFSET["topic_id"], 0x41)  # "A"
+    with pytest.raises(BufferFormatError, match="does not decode"):
+        owner.owner()
+    struct.pack_into("<Q", owner._mem, length_at, 1 << 40)
+    with pytest.raises(BufferFormatError, match="no owner"):
+        owner.owner()
+
+
+def test_seal_records_time_and_codec_and_reset_clears_the_time(owner: PartitionBuffer) -> None:
+    owner.append(b"batch")
+    owner.seal(sealed_ms=1234, codec=3)
+    state = owner.snapshot()
+    assert (state.sealed, state.sealed_ms, state.codec) == (True, 1234, 3)
+    with PartitionBuffer.attach(owner.name, writable=True) as successor:
+        # what a successor reads back, without any knowledge of its predecessor's memory
+        again = successor.snapshot()
+        assert (again.sealed, again.sealed_ms, again.codec, again.committed) == (True, 1234, 3, 5)
+    owner.reset(base_offset=200)
+    state = owner.snapshot()
+    assert (state.sealed, state.sealed_ms, state.codec) == (False, 0, 3)
+
+
+def test_truncate_drops_a_tail_without_touching_the_prefix(owner: PartitionBuffer) -> None:
+    owner.append(b"whole", records=1)
+    owner.append(b"torn!", records=1)
+    with PartitionBuffer.attach(owner.name) as reader:
+        owner.truncate(5, batch_count=1, record_count=1)
+        state = reader.snapshot()
+        assert (state.committed, state.batch_count, state.record_count) == (5, 1, 1)
+        assert reader.read(0, 5) == b"whole"
+        with pytest.raises(ValueError, match="outside committed"):
+            reader.read(0, 10)
+        with pytest.raises(ValueError, match="cannot truncate"):
+            owner.truncate(6, 1, 1)  # only ever shrinks
+        with pytest.raises(PermissionError):
+            reader.truncate(0, 0, 0)
+    assert owner.append(b"+next") == 5  # the owner appends after the kept prefix

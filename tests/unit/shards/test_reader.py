@@ -128,10 +128,10 @@ class Rig:
             self.clock,
         )
 
-    def _buffer(self, capacity: int, base_offset: int) -> PartitionBuffer:
+    def _buffer(self, capacity: int, base_offset: int, codec: int) -> PartitionBuffer:
         self.slots += 1
         return PartitionBuffer.create(
-            segment_name(self.run_id, 0, self.slots), capacity, base_offset
+            segment_name(self.run_id, 0, self.slots), capacity, base_offset, codec=codec
         )
 
     def append(self, *values: bytes, timestamp: int = T0) -> None:

@@ -1,0 +1,146 @@
+"""Where a shard's partition state comes from, and the buffers it creates.
+
+- On first use (``load``): the committed partition record and segment list from the metadata
+  store, plus any segment uploaded but never committed (``kafscale.shards.recovery``).
+- At boot, before the shard serves anything (``adopt_predecessor``): the buffers a crashed
+  predecessor left in shared memory (``kafscale.shards.restart``), continuing the committed
+  record they were read against. Every partition holding such buffers is loaded then, so no
+  append to it can be given an offset its predecessor already gave out.
+- New buffers (``new_buffer``) are stamped with their owner (topic, topic id, partition) so a
+  successor can adopt them, and numbered after every slot this shard has used in this run, so a
+  name is never reused (a reader that attaches by name never meets another buffer under it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from kafscale.config import Config
+from kafscale.ipc.rpc import RpcClient
+from kafscale.ipc.shm import BufferOwner, PartitionBuffer, segment_name
+from kafscale.metadata import records
+from kafscale.metadata.records import Keys, PartitionRecord
+from kafscale.metadata.store import MetadataStore
+from kafscale.shards.adoption import Committed
+from kafscale.shards.partition import PartitionLog
+from kafscale.shards.producers import ProducerStates
+from kafscale.shards.recovery import adopt_uncommitted
+from kafscale.shards.restart import take_over
+from kafscale.shards.segments import CommittedSegments
+from kafscale.storage.objects import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class PartitionLoader:
+    def __init__(
+        self,
+        config: Config,
+        store: MetadataStore,
+        objects: ObjectStore,
+        coordinator: RpcClient,
+        run_id: str,
+        shard: int,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.objects = objects
+        self.coordinator = coordinator
+        self.keys = Keys(config.s3_namespace)
+        self.run_id, self.shard = run_id, shard
+        self.last_slot = 0  # the highest slot number used (new buffers get the next ones)
+
+    def load(self, topic: str, topic_id: str, index: int, topic_created_ms: int) -> PartitionLog:
+        """The partition as committed, after adopting uploaded but uncommitted segments."""
+        state = self._record(topic, topic_id, index)
+        producers = ProducerStates.restore(state.producers)
+        high_watermark = adopt_uncommitted(
+            self.objects,
+            self.coordinator,
+            self.config.s3_namespace,
+            topic,
+            topic_id,
+            index,
+            state.high_watermark,
+            producers,
+            topic_created_ms=topic_created_ms,
+        )
+        owner = BufferOwner(topic, topic_id, index, topic_created_ms)
+        return self._open(owner, state.log_start_offset, high_watermark, producers)
+
+    def adopt_predecessor(self, now_ms: int) -> list[tuple[PartitionLog, int]]:
+        """The partitions rebuilt from a crashed predecessor's buffers, each with its topic's
+        created time. Raises (changing nothing) if the metadata store cannot be read."""
+        read: dict[BufferOwner, PartitionRecord] = {}
+
+        def committed_state(owner: BufferOwner) -> Committed:
+            topic = self.store.get(self.keys.topic(owner.topic))
+            if topic is None or records.decode_topic(topic.value).topic_id != owner.topic_id:
+                return Committed(topic_exists=False)
+            read[owner] = state = self._record(owner.topic, owner.topic_id, owner.partition)
+            return Committed(True, state.high_watermark, state.producers)
+
+        takeover = take_over(self.run_id, self.shard, committed_state)
+        self.last_slot = max(self.last_slot, takeover.last_slot)
+        loaded = []
+        for adopted, buffers in takeover.partitions:
+            owner, state = adopted.owner, read[adopted.owner]
+            # The high watermark the plan was made against, even if a commit of the
+            # predecessor's last flush landed since: re-flushing a committed segment is
+            # answered "committed", and the log moves on from there.
+            partition = self._open(
+                owner, state.log_start_offset, adopted.high_watermark, ProducerStates()
+            )
+            partition.adopt(adopted, buffers, now_ms)
+            loaded.append((partition, owner.topic_created_ms))
+        return loaded
+
+    def _record(self, topic: str, topic_id: str, index: int) -> PartitionRecord:
+        kv = self.store.get(self.keys.partition(topic, index))
+        state = records.decode_partition(kv.value) if kv is not None else None
+        if state is None or state.topic_id != topic_id:
+            state = PartitionRecord(topic_id=topic_id)
+        return state
+
+    def _open(
+        self,
+        owner: BufferOwner,
+        log_start_offset: int,
+        high_watermark: int,
+        producers: ProducerStates,
+    ) -> PartitionLog:
+        topic, index = owner.topic, owner.partition
+        committed = CommittedSegments(
+            segment
+            for kv in self.store.get_prefix(self.keys.segments(topic, index))
+            if (segment := records.decode_segment(kv.value)).last_offset < high_watermark
+        )
+        log.info(
+            "partition loaded",
+            extra={
+                "topic": topic,
+                "partition": index,
+                "high_watermark": high_watermark,
+                "segments": len(committed),
+            },
+        )
+        return PartitionLog(
+            topic,
+            owner.topic_id,
+            index,
+            high_watermark,
+            producers,
+            self.config.segment_bytes,
+            self.config.flush_interval_ms,
+            functools.partial(self.new_buffer, owner),
+            segments=committed,
+            log_start_offset=log_start_offset,
+        )
+
+    def new_buffer(
+        self, owner: BufferOwner, capacity: int, base_offset: int, codec: int
+    ) -> PartitionBuffer:
+        self.last_slot += 1
+        name = segment_name(self.run_id, self.shard, self.last_slot)
+        return PartitionBuffer.create(name, capacity, base_offset, owner=owner, codec=codec)
