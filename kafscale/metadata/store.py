@@ -15,6 +15,8 @@ Semantics both backends keep (the contract tests in tests/unit/metadata hold the
   events silently: if the history it needs was compacted away it raises ``RevisionCompacted`` (at
   ``watch_prefix``) or ends and reports it to ``on_error``; the caller re-reads and watches again.
 - A key put with a lease is deleted when the lease expires or is revoked (and watchers see it).
+  ``put_if_absent`` with a lease is therefore an exclusive lease on that key: whoever created it
+  holds it until it is deleted or the lease ends (revoked, or not refreshed within its TTL).
 - An unreachable backend raises ``MetadataStoreUnavailable`` whose message names the endpoint.
 """
 
@@ -176,3 +178,24 @@ class MetadataStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+PUT_IF_ABSENT_ATTEMPTS = 5
+
+
+def put_if_absent(
+    store: MetadataStore, key: str, value: bytes, lease_id: int = 0
+) -> KeyValue | None:
+    """Create ``key`` unless it exists: None when this call created it, else the key as found
+    (whoever holds it). One compare-and-set transaction, so of two callers racing exactly one
+    creates the key. With ``lease_id`` it is an exclusive lease, see the module docstring."""
+    for _ in range(PUT_IF_ABSENT_ATTEMPTS):
+        if store.transaction([Compare.absent(key)], [Put(key, value, lease_id)]).succeeded:
+            return None
+        existing = store.get(key)
+        if existing is not None:
+            return existing
+        # Deleted between the transaction and the read (its holder's lease just ended): again.
+    raise MetadataStoreError(
+        f"{key} was created and deleted {PUT_IF_ABSENT_ATTEMPTS} times while we tried to create it"
+    )

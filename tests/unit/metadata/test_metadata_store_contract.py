@@ -1,9 +1,11 @@
 """Contract tests of ``MetadataStore``: one suite, run against SQLite and a real etcd server.
 
 Every test works under its own key prefix, so the etcd variant can share one server. Waiting is
-always a deadline loop on a condition, never a bare sleep. Backend-specific tests at the end cover
-what only one backend has: SQLite shared by processes (CAS from several processes, the lease of a
-SIGKILLed process), etcd endpoints and restarts.
+always a deadline loop on a condition, never a bare sleep. ``put_if_absent`` on a lease is the
+exclusive lease the store lock is built on (acquire, refused while held, released, expired after
+its holder was SIGKILLed). Backend-specific tests at the end cover what only one backend has:
+SQLite shared by processes (CAS from several processes, the lease of a SIGKILLed process), etcd
+endpoints and restarts (a lease outlives an etcd outage longer than its TTL).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from kafscale.metadata import (
 )
 from kafscale.metadata.etcd import EtcdMetadataStore
 from kafscale.metadata.sqlite import SqliteMetadataStore
+from kafscale.metadata.store import put_if_absent
 
 TIMEOUT_S = 15.0
 
@@ -79,6 +82,7 @@ class Backend:
     prefix: str  # unique to the test
     open_another: Callable[[], MetadataStore]  # a second client of the same data
     compact: Callable[[], None]  # drop the change history up to the current revision
+    spec: tuple[str, str]  # (kind, path or endpoint): how another process opens the same data
 
 
 @pytest.fixture(params=["sqlite", "etcd"])
@@ -92,6 +96,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 
     if request.param == "sqlite":
         path = str(tmp_path / "metadata.sqlite")
+        spec = ("sqlite", path)
 
         def open_store() -> MetadataStore:
             return track(SqliteMetadataStore(path))
@@ -100,6 +105,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             track(SqliteMetadataStore(path, history_revisions=1)).put(prefix + "~compact", b"")
     else:
         endpoint = request.getfixturevalue("etcd_server").endpoint
+        spec = ("etcd", endpoint)
 
         def open_store() -> MetadataStore:
             return track(EtcdMetadataStore([endpoint]))
@@ -112,7 +118,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             client.compact(client.put(prefix + "~compact", b"").header.revision)
             client.close()
 
-    yield Backend(open_store(), prefix, open_store, compact)
+    yield Backend(open_store(), prefix, open_store, compact, spec)
     for store in opened:
         store.close()
 
@@ -379,6 +385,98 @@ def test_refreshed_lease_keeps_its_keys(backend: Backend) -> None:
     assert store.get(key) is None
 
 
+# -- exclusive leases: put_if_absent on a lease --------------------------------------------------
+
+
+def test_put_if_absent_on_a_lease_is_held_until_released(backend: Backend) -> None:
+    first, second, key = backend.store, backend.open_another(), backend.prefix + "owner"
+    mine = first.grant_lease(30)
+    assert put_if_absent(first, key, b"first", mine.id) is None
+    theirs = second.grant_lease(30)
+    holder = put_if_absent(second, key, b"second", theirs.id)
+    assert holder is not None
+    assert (holder.key, holder.value, holder.lease_id) == (key, b"first", mine.id)
+    assert put_if_absent(first, key, b"first again", mine.id) is not None  # even to its holder
+    assert first.get(key).value == b"first"  # type: ignore[union-attr]
+    mine.revoke()  # released: the key goes with the lease
+    assert put_if_absent(second, key, b"second", theirs.id) is None
+    now = first.get(key)
+    assert now is not None and (now.value, now.lease_id) == (b"second", theirs.id)
+    theirs.revoke()
+
+
+def test_put_if_absent_without_a_lease_stays(backend: Backend) -> None:
+    store, key = backend.store, backend.prefix + "cluster_id"
+    assert put_if_absent(store, key, b"one") is None
+    holder = put_if_absent(store, key, b"two")
+    assert holder is not None and (holder.value, holder.lease_id) == (b"one", 0)
+
+
+def test_racing_put_if_absent_has_exactly_one_winner(backend: Backend) -> None:
+    key = backend.prefix + "owner"
+    clients = [backend.store] + [backend.open_another() for _ in range(3)]
+    leases = [client.grant_lease(30) for client in clients]
+    results: dict[int, object] = {}
+    start = threading.Barrier(len(clients))
+
+    def race(index: int) -> None:
+        start.wait()
+        results[index] = put_if_absent(clients[index], key, str(index).encode(), leases[index].id)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [index for index, holder in results.items() if holder is None]
+    assert len(winners) == 1
+    kv = backend.store.get(key)
+    assert kv is not None and kv.value == str(winners[0]).encode()
+    assert kv.lease_id == leases[winners[0]].id
+    for index, holder in results.items():
+        if index != winners[0]:
+            assert holder == kv  # each loser was told who won
+    for lease in leases:
+        lease.revoke()
+
+
+def _hold_exclusive_lease(spec: tuple[str, str], key: str, ttl: int) -> None:
+    kind, where = spec
+    store: MetadataStore = (
+        SqliteMetadataStore(where) if kind == "sqlite" else EtcdMetadataStore([where])
+    )
+    lease = store.grant_lease(ttl)
+    if put_if_absent(store, key, b"held", lease.id) is not None:
+        raise SystemExit(f"{key} was already held")
+    while True:
+        lease.refresh()
+        time.sleep(ttl / 4)
+
+
+def test_exclusive_lease_of_a_sigkilled_holder_expires(backend: Backend) -> None:
+    store, key, ttl = backend.store, backend.prefix + "owner", 2
+    holder = multiprocessing.get_context("spawn").Process(
+        target=_hold_exclusive_lease, args=(backend.spec, key, ttl)
+    )
+    holder.start()
+    try:
+        wait_until(lambda: store.get(key) is not None, "the holder to take the lease")
+        mine = store.grant_lease(30)
+        held = put_if_absent(store, key, b"mine", mine.id)
+        assert held is not None and held.value == b"held"
+        time.sleep(ttl * 1.5)  # longer than the TTL: the holder's refreshes keep it
+        assert put_if_absent(store, key, b"mine", mine.id) is not None
+        assert holder.is_alive()
+    finally:
+        assert holder.pid is not None
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join()
+    # No release: the lease runs out within its TTL (etcd may raise it to its minimum).
+    wait_until(lambda: put_if_absent(store, key, b"mine", mine.id) is None, "the lease to expire")
+    assert store.get(key).lease_id == mine.id  # type: ignore[union-attr]
+    mine.revoke()
+
+
 # -- health and sharing -----------------------------------------------------------------------
 
 
@@ -539,4 +637,31 @@ def test_etcd_down_then_check_fails_and_watch_resumes(etcd_server: Any) -> None:
     seen.wait_for(2)
     assert [key for _, key, _ in seen.seen()] == [prefix + "before", prefix + "after"]
     assert watch.last_error is None  # type: ignore[attr-defined]
+    store.close()
+
+
+def test_etcd_lease_outlives_an_outage_longer_than_its_ttl(etcd_server: Any) -> None:
+    """What the store lock relies on: etcd does not expire leases while it is down and re-arms
+    their TTL when it comes back, so a holder that refreshes again soon keeps its key."""
+    store = EtcdMetadataStore([etcd_server.endpoint], timeout=2.0)
+    key = f"test-{uuid.uuid4().hex[:12]}/owner"
+    lease = store.grant_lease(2)
+    assert put_if_absent(store, key, b"held", lease.id) is None
+    etcd_server.stop()
+    try:
+        time.sleep(lease.ttl + 2)  # the outage must outlast the TTL: that is the scenario
+    finally:
+        etcd_server.start()
+
+    def refreshed() -> bool:
+        try:
+            lease.refresh()
+        except MetadataStoreUnavailable:
+            return False
+        return True
+
+    wait_until(refreshed, "etcd to come back")
+    kv = store.get(key)
+    assert kv is not None and (kv.value, kv.lease_id) == (b"held", lease.id)
+    lease.revoke()
     store.close()
