@@ -388,6 +388,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Largest request frame accepted (Kafka's socket.request.max.bytes)",
     ),
     Setting(
+        "max_decoded_request_bytes",
+        "1MiB",
+        _size_at_least(1024),
+        "Largest part of a request decoded field by field: a whole request other than Produce, "
+        "JoinGroup and SyncGroup; theirs besides record batches and group metadata. Bounds the "
+        "memory (~25x) and CPU of decoding one request",
+    ),
+    Setting(
         "shards",
         str(os.cpu_count() or 1),
         _int_in(1, 256),
@@ -464,6 +472,7 @@ class Config:
     buffer_bytes: int
     s3_latency_threshold_ms: int
     max_request_bytes: int
+    max_decoded_request_bytes: int
     shards: int
     log_level: str
     boot_timeout_ms: int

@@ -167,7 +167,7 @@ class Connection:
             await self._room.wait()
 
     async def _read_requests(self) -> None:
-        decoder = FrameDecoder(self.broker.config.max_request_bytes)
+        decoder = FrameDecoder(self.broker.config)
         self._decoder = decoder
         try:
             while not self._closing.is_set():

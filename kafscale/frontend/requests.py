@@ -9,7 +9,10 @@ Decisions, in Kafka's order:
 4. A version Kafka never defined for a known API: ``MalformedRequest`` (no format to answer in).
 5. A known API we do not implement, or a version outside our range: that version's response
    with UNSUPPORTED_VERSION in its error fields, so the client sees an error, not a hang-up.
-6. Otherwise decode (trailing bytes ignored, see ``codec``) and call the handler.
+6. Otherwise decode (trailing bytes ignored, see ``codec``) and call the handler. Decoding checks
+   the frame's structure first (``kafscale.protocol.bounds``): what does not parse, or decodes
+   into more than ``KAFSCALE_MAX_DECODED_REQUEST_BYTES`` of fields, raises a DecodeError, and the
+   connection closes with a log line saying why (Kafka: InvalidRequestException, closed).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ async def process(broker: Broker, frame: bytes, peer: str) -> Response | None:
             raise MalformedRequest(f"{name} v{version} has no response format")
         response = codec.error_response(response_schema, ErrorCode.unsupported_version)
         return codec.encode_response(correlation_id, response)
-    header, request = codec.decode_request(frame, schema)
+    header, request = codec.decode_request(frame, schema, broker.config.max_decoded_request_bytes)
     response = await api.handle(RequestContext(broker, header, peer), request)
     if response is None:
         return None

@@ -26,15 +26,20 @@ from typing import Any
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
-from kio.serial.errors import DecodeError as KioDecodeError
+from kio.serial.errors import SerialError
 from kio.static.primitive import i32
 from kio.static.protocol import RequestPayload, ResponsePayload
 
+from kafscale.protocol import bounds
 from kafscale.protocol.errors import ErrorCode, MalformedRequest, UnknownApi
 from kafscale.protocol.framing import LENGTH
 
 # api_key: int16, api_version: int16, correlation_id: int32 -- common to every header version.
 HEADER_PREFIX = struct.Struct(">hhi")
+
+#: What kio's reader raises on values it refuses (its own errors; ValueError for a bad boolean
+#: or varint; UnicodeDecodeError; OverflowError from a datetime out of range).
+_KIO_REFUSALS = (SerialError, ValueError, LookupError, OverflowError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +85,27 @@ def response_schema(api_key: int, api_version: int) -> type[ResponsePayload] | N
 
 
 def decode_request(
-    frame: bytes, schema: type[RequestPayload]
+    frame: bytes, schema: type[RequestPayload], max_decoded_bytes: int | None = None
 ) -> tuple[RequestHeader, RequestPayload]:
-    """Decode header and body of ``frame`` whose API and version ``schema`` models."""
+    """Decode header and body of ``frame`` whose API and version ``schema`` models.
+
+    ``bounds.check_request`` runs first (every length against what remains, nulls where the
+    schema allows them, unknown tagged fields cut out, at most ``max_decoded_bytes`` besides
+    record batches; no limit but the frame's size when None), so kio allocates no more than a
+    small constant times the frame. Whatever kio still refuses (a boolean that is not 0 or 1,
+    invalid UTF-8, a negative timestamp) is a MalformedRequest too."""
+    name = f"{schema.__name__} v{schema.__version__}"
+    limit = len(frame) if max_decoded_bytes is None else max_decoded_bytes
+    checked = bounds.check_request(frame, schema, limit)
+    frame = checked.frame
     try:
         header, header_size = entity_reader(schema.__header_schema__)(frame, 0)
-        body, _ = entity_reader(schema)(frame, header_size)  # trailing bytes: see above
-    except (KioDecodeError, ValueError, UnicodeDecodeError) as exc:
-        name = schema.__name__
-        raise MalformedRequest(f"{name} v{schema.__version__} does not parse: {exc}") from None
+        body, body_size = entity_reader(schema)(frame, header_size)  # trailing bytes: see above
+    except _KIO_REFUSALS as exc:
+        raise MalformedRequest(f"{name} does not parse: {exc!r}") from None
+    if (header_size, header_size + body_size) != (checked.header_end, checked.body_end):
+        # Cannot happen while bounds mirrors kio's layout; refuse rather than guess.
+        raise MalformedRequest(f"{name}: kio and the bounds check disagree on its layout")
     return RequestHeader(
         int(header.request_api_key),
         int(header.request_api_version),

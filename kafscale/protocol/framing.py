@@ -1,31 +1,45 @@
 """Incremental Kafka framing: a 4-byte big-endian length, then that many bytes.
 
 Sans-io (as h11): ``FrameDecoder.feed`` takes whatever bytes arrived and returns the complete
-frames they finish, keeping the rest. A length prefix that is negative, too small for a request
-header, or over ``max_frame_bytes`` raises at once, before any of the frame is buffered, so an
-oversize or hostile length can never make us allocate.
+frames they finish, keeping the rest. A frame's size is judged from its first bytes, before the
+rest of it is waited for:
+
+- the length prefix: negative, too small for a request header, or over ``max_request_bytes``
+  (Kafka's socket.request.max.bytes) is refused at once;
+- the API key and version, the next 4 bytes: ``bounds.max_frame_bytes`` says how large a
+  request of that API version may be (smaller than ``max_request_bytes`` for most: everything
+  in them is decoded field by field).
+
+A bad prefix after good frames in the same read does not lose them: ``feed`` returns them and
+raises on its next call (Kafka answers the requests read before the bad one).
 """
 
 from __future__ import annotations
 
 import struct
 
-from kafscale.protocol.errors import FrameTooLarge, InvalidFrameSize
+from kio.schema.index import api_key_map
+
+from kafscale.protocol.bounds import MAX_SASL_REQUEST_BYTES, RequestLimits, max_frame_bytes
+from kafscale.protocol.errors import DecodeError, FrameTooLarge, InvalidFrameSize
 
 LENGTH = struct.Struct(">i")
+API = struct.Struct(">hh")  # api_key, api_version: the first 4 bytes of every request header
 
 #: Smallest request: api_key (2) + api_version (2) + correlation_id (4).
 MIN_REQUEST_BYTES = 8
 
 
 class FrameDecoder:
-    """Splits a byte stream into frames. Invariant: ``_buffer`` never holds more than one
-    length prefix plus ``max_frame_bytes`` of frame bytes beyond what ``feed`` returns."""
+    """Splits a byte stream into frames. Invariant: ``_buffer`` never holds more than one read
+    plus one frame that passed both size checks."""
 
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
+    def __init__(self, limits: RequestLimits) -> None:
+        self.limits = limits
         self._buffer = bytearray()
         self._expected: int | None = None  # length of the frame being read, once known
+        self._api_checked = False  # whether that length was judged against its API's limit
+        self._error: DecodeError | None = None  # raised on the call after the good frames
 
     @property
     def buffered(self) -> int:
@@ -34,25 +48,40 @@ class FrameDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add ``data``; return every frame it completes, in order. Each frame is copied out
-        once, and the consumed bytes are dropped from the buffer once per call."""
+        once, and the consumed bytes are dropped from the buffer once per call. Raises
+        DecodeError on a bad size -- on the next call when good frames came before it."""
+        if self._error is not None:
+            raise self._error
         buffer = self._buffer
         buffer += data
         frames: list[bytes] = []
         position, size = 0, len(buffer)
-        with memoryview(buffer) as view:
-            while True:
-                if self._expected is None:
-                    if size - position < LENGTH.size:
+        try:
+            with memoryview(buffer) as view:
+                while True:
+                    if self._expected is None:
+                        if size - position < LENGTH.size:
+                            break
+                        (length,) = LENGTH.unpack_from(buffer, position)
+                        self._check_length(length)
+                        position += LENGTH.size
+                        self._expected, self._api_checked = length, False
+                    if not self._api_checked:
+                        if size - position < API.size:
+                            break
+                        self._check_api_length(self._expected, *API.unpack_from(buffer, position))
+                        self._api_checked = True
+                    if size - position < self._expected:
                         break
-                    (length,) = LENGTH.unpack_from(buffer, position)
-                    self._check_length(length)
-                    position += LENGTH.size
-                    self._expected = length
-                if size - position < self._expected:
-                    break
-                end = position + self._expected
-                frames.append(bytes(view[position:end]))
-                position, self._expected = end, None
+                    end = position + self._expected
+                    frames.append(bytes(view[position:end]))
+                    position, self._expected = end, None
+        except DecodeError as exc:
+            if not frames:
+                raise
+            self._error = exc
+            buffer.clear()
+            return frames
         del buffer[:position]
         return frames
 
@@ -61,11 +90,25 @@ class FrameDecoder:
             raise InvalidFrameSize(
                 f"frame length {length} is below the {MIN_REQUEST_BYTES}-byte request header"
             )
-        if length > self.max_frame_bytes:
+        if length > self.limits.max_request_bytes:
             raise FrameTooLarge(
                 f"frame length {length} exceeds the maximum of "
-                f"{self.max_frame_bytes} bytes (KAFSCALE_MAX_REQUEST_BYTES)"
+                f"{self.limits.max_request_bytes} bytes (KAFSCALE_MAX_REQUEST_BYTES)"
             )
+
+    def _check_api_length(self, length: int, api_key: int, api_version: int) -> None:
+        limit = max_frame_bytes(self.limits, api_key, api_version)
+        if length <= limit:
+            return
+        name = api_key_map.get(api_key, f"API key {api_key}")
+        if limit == MAX_SASL_REQUEST_BYTES:
+            setting = "Kafka's sasl.server.max.receive.size"
+        else:
+            setting = "KAFSCALE_MAX_DECODED_REQUEST_BYTES"
+        raise FrameTooLarge(
+            f"{name} v{api_version} request of {length} bytes exceeds the maximum of "
+            f"{limit} bytes ({setting})"
+        )
 
 
 def encode_frame(payload: bytes) -> bytes:
