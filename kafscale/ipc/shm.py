@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import struct
 import sys
 import time
@@ -53,7 +52,14 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
-SHM_DIR = "/dev/shm"
+# The names live in their own module; imported here too, where callers have always found them.
+from kafscale.ipc.shm_names import SHM_DIR as SHM_DIR
+from kafscale.ipc.shm_names import run_prefix as run_prefix
+from kafscale.ipc.shm_names import segment_name as segment_name
+from kafscale.ipc.shm_names import shard_segments as shard_segments
+from kafscale.ipc.shm_names import sweep_segments as sweep_segments
+from kafscale.ipc.shm_names import unlink_segment as unlink_segment
+
 MAGIC = b"KSBF"
 VERSION = 2  # 2: the owner's identity, sealed_ms and codec in the header
 TOPIC_BYTES = 256  # room for a topic name (Kafka allows 249 characters)
@@ -92,8 +98,6 @@ assert all(_OFFSET[name] % 8 == 0 for name in _WORD), "header words must be 8-by
 DATA_START = -(-HEADER.size // 64) * 64  # the data region starts at the next cache line
 
 _EMPTY = {"committed": 0, "sealed": 0, "batch_count": 0, "record_count": 0, "sealed_ms": 0}
-_RUN_ID = re.compile(r"[0-9A-Za-z]{1,32}")
-_SLOT = re.compile(r"b(\d+)")
 
 
 class PartitionBufferError(Exception):
@@ -150,55 +154,6 @@ class BufferOwner:
 
 
 NO_OWNER = (0, 0, b"", 0, b"")  # a buffer nobody claims (tests); adoption discards it
-
-
-def run_prefix(run_id: str) -> str:
-    """The prefix every segment name of one broker run starts with."""
-    if not _RUN_ID.fullmatch(run_id):
-        raise ValueError(f"run id must be 1-32 letters or digits, got {run_id!r}")
-    return f"kafscale-{run_id}-"
-
-
-def segment_name(run_id: str, shard: int, slot: int) -> str:
-    if shard < 0 or slot < 0:
-        raise ValueError(f"shard and slot must be >= 0, got {shard}, {slot}")
-    return f"{run_prefix(run_id)}s{shard}-b{slot}"
-
-
-def sweep_segments(run_id: str) -> list[str]:
-    """Unlink every segment of the run from /dev/shm; return the names removed."""
-    return _sweep(run_prefix(run_id))
-
-
-def shard_segments(run_id: str, shard: int) -> list[tuple[str, int | None]]:
-    """One shard's segments of the run in /dev/shm, as (name, slot); slot None for a name that
-    does not end in a slot number (not one of ours, but in our namespace)."""
-    prefix = f"{run_prefix(run_id)}s{shard}-"
-    found = []
-    for entry in sorted(os.listdir(SHM_DIR)):
-        if entry.startswith(prefix):
-            match = _SLOT.fullmatch(entry[len(prefix) :])
-            found.append((entry, int(match[1]) if match else None))
-    return found
-
-
-def unlink_segment(name: str) -> bool:
-    """Unlink a segment by name (mappings stay valid until closed); False if it was gone."""
-    try:
-        os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _sweep(prefix: str) -> list[str]:
-    removed = []
-    for entry in sorted(os.listdir(SHM_DIR)):
-        if entry.startswith(prefix):
-            with contextlib.suppress(FileNotFoundError):  # its owner destroyed it meanwhile
-                os.unlink(os.path.join(SHM_DIR, entry))
-                removed.append(entry)
-    return removed
 
 
 def _open(name: str, create: bool, size: int = 0) -> SharedMemory:
