@@ -334,6 +334,13 @@ SETTINGS: tuple[Setting, ...] = (
         _one_of("none", "snappy", "lz4", "zstd"),
         "Codec applied to batches that arrive uncompressed",
     ),
+    Setting(
+        "max_decompression_factor",
+        "64",
+        _int_in(1, 1024),
+        "A compressed batch may decompress to at most this many times its topic's "
+        "max.message.bytes (MESSAGE_TOO_LARGE beyond)",
+    ),
     Setting("auto_create_topics", "true", parse_bool, "Create unknown topics on Metadata/Produce"),
     Setting(
         "auto_create_partitions", "1", _int_in(1, 100_000), "Partitions of an auto-created topic"
@@ -462,6 +469,7 @@ class Config:
     index_cache_size: int
     readahead_segments: int
     compression_codec: str
+    max_decompression_factor: int
     auto_create_topics: bool
     auto_create_partitions: int
     retention_check_interval_ms: int

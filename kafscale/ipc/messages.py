@@ -142,6 +142,9 @@ class AppendEntry(msgspec.Struct, frozen=True):
     allow_zstd: bool = True
     topic_created_ms: int = 0
     segment_bytes: int = 0  # the topic's segment.bytes; 0: KAFSCALE_SEGMENT_BYTES
+    # message.timestamp.before.max.ms / after.max.ms (Kafka 4's defaults: no limit, one hour)
+    timestamp_before_max_ms: int = 2**63 - 1
+    timestamp_after_max_ms: int = 3_600_000
 
 
 class Append(Message, frozen=True):

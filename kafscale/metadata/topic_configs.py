@@ -110,6 +110,25 @@ SUPPORTED: dict[str, TopicConfig] = {
             "time (LogAppendTime).",
         ),
         TopicConfig(
+            "message.timestamp.before.max.ms",
+            str(LONG_MAX),
+            _number(0, LONG_MAX),
+            ConfigType.LONG,
+            "log.message.timestamp.before.max.ms",
+            "How far before the broker's time a record's CreateTime may be; a batch with an "
+            "older record is refused with INVALID_TIMESTAMP (KIP-937). Ignored with "
+            "LogAppendTime.",
+        ),
+        TopicConfig(
+            "message.timestamp.after.max.ms",
+            "3600000",  # Kafka 4's default (KIP-1030); Long.MAX_VALUE before 4.0
+            _number(0, LONG_MAX),
+            ConfigType.LONG,
+            "log.message.timestamp.after.max.ms",
+            "How far after the broker's time a record's CreateTime may be; a batch with a later "
+            "record is refused with INVALID_TIMESTAMP (KIP-937). Ignored with LogAppendTime.",
+        ),
+        TopicConfig(
             "retention.ms",
             "604800000",
             _number(-1, LONG_MAX),
@@ -154,8 +173,6 @@ KAFKA_ONLY = frozenset(
         "max.compaction.lag.ms",
         "message.downconversion.enable",
         "message.format.version",
-        "message.timestamp.after.max.ms",
-        "message.timestamp.before.max.ms",
         "message.timestamp.difference.max.ms",
         "min.cleanable.dirty.ratio",
         "min.compaction.lag.ms",

@@ -17,8 +17,18 @@ accepts every framing a maintained client writes, and on malformed input raises
 - zstd (4): one frame with its content size; frames without one (Java's ZstdOutputStream,
   librdkafka's streaming writer) and concatenated frames are read too.
 
-Decompression streams rather than trusting a declared content size, so a forged size in a frame
-header cannot make us allocate it (``lz4.frame.decompress`` would).
+Decompression is bounded: ``decompress`` stops once the output would pass ``limit`` bytes and
+raises ``DecompressedTooLarge`` (a zstd frame of 32 KB can hold 1 GiB of zeros). Every codec runs
+in C and is fed so that it never produces more than one block past the limit: gzip and lz4 take
+an output bound, a snappy block declares its length up front, and a zstd frame is walked block
+by block (RFC 8878 section 3.1.1: each block says how much it yields, at most 128 KiB) so the
+decoder gets whole frames while they fit and single blocks once they may not. No declared
+content size is trusted (``lz4.frame.decompress`` would allocate a forged one).
+
+``read_limit`` is the bound for readers that do not know the topic's ``max.message.bytes``
+(Fetch-side tools, ListOffsets, the Spark reader): ``DEFAULT_FACTOR`` times the larger of Kafka's
+default max.message.bytes and the batch itself. Produce uses the topic's own value
+(``kafscale.protocol.validate``).
 """
 
 from __future__ import annotations
@@ -34,7 +44,16 @@ import zstandard
 
 from kafscale.protocol.errors import DecodeError
 
-__all__ = ["Bytes", "Codec", "CorruptCompressedData", "compress", "decompress"]
+__all__ = [
+    "DEFAULT_FACTOR",
+    "Bytes",
+    "Codec",
+    "CorruptCompressedData",
+    "DecompressedTooLarge",
+    "compress",
+    "decompress",
+    "read_limit",
+]
 
 Bytes = bytes | bytearray | memoryview
 
@@ -53,6 +72,26 @@ class CorruptCompressedData(DecodeError):
     """A compressed records section that does not decompress under its codec."""
 
 
+class DecompressedTooLarge(CorruptCompressedData):
+    """A records section that decompresses to more than the bound it was given."""
+
+    def __init__(self, codec: str, limit: int) -> None:
+        super().__init__(f"{codec}: decompresses to more than {limit} bytes")
+        self.limit = limit
+
+
+#: How many times max.message.bytes a batch may decompress to (KAFSCALE_MAX_DECOMPRESSION_FACTOR).
+DEFAULT_FACTOR = 64
+#: Kafka's default max.message.bytes (1 MiB + the 12-byte log overhead).
+KAFKA_MAX_MESSAGE_BYTES = 1024 * 1024 + 12
+
+
+def read_limit(batch_size: int, factor: int = DEFAULT_FACTOR) -> int:
+    """The decompression bound for a stored batch of ``batch_size`` bytes whose topic's
+    max.message.bytes is unknown: at least what Produce allows under Kafka's default."""
+    return factor * max(KAFKA_MAX_MESSAGE_BYTES, batch_size)
+
+
 #: Java's Deflater.DEFAULT_COMPRESSION, what Kafka's gzip uses unless a level is configured.
 GZIP_DEFAULT_LEVEL = 6
 
@@ -63,6 +102,16 @@ XERIAL_VERSION = 1
 #: SnappyOutputStream's default block size, which Kafka's Java client keeps.
 XERIAL_BLOCK_BYTES = 32 * 1024
 XERIAL_CHUNK_LENGTH = struct.Struct(">i")
+
+#: zlib's window bits for a gzip member (16 + the largest window).
+GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+#: zstd framing (RFC 8878): frame magics and the block types, little-endian.
+_U32LE = struct.Struct("<I")
+ZSTD_MAGIC = 0xFD2FB528
+ZSTD_SKIPPABLE_MAGIC, ZSTD_SKIPPABLE_MASK = 0x184D2A50, 0xFFFFFFF0
+ZSTD_BLOCK_RLE, ZSTD_BLOCK_COMPRESSED, ZSTD_BLOCK_RESERVED = 1, 2, 3
+ZSTD_BLOCK_MAX = 128 * 1024  # Block_Maximum_Size: no block yields more
 
 
 def compress(codec: int, data: Bytes, level: int | None = None) -> bytes:
@@ -91,29 +140,44 @@ def compress(codec: int, data: Bytes, level: int | None = None) -> bytes:
     raise ValueError(f"unknown compression codec {codec}")
 
 
-def decompress(codec: int, data: Bytes) -> bytes:
+def decompress(codec: int, data: Bytes, limit: int) -> bytes:
     """The bytes ``data`` decompresses to under ``codec``; raise ``CorruptCompressedData`` if it
-    is not valid ``codec`` output (including an unknown codec id from a batch's attributes)."""
+    is not valid ``codec`` output (including an unknown codec id from a batch's attributes), and
+    ``DecompressedTooLarge`` as soon as the output passes ``limit`` bytes."""
     if codec == Codec.NONE:
+        if len(data) > limit:
+            raise DecompressedTooLarge("none", limit)
         return bytes(data)
     if codec == Codec.GZIP:
-        return _gzip_decompress(data)
+        return _gzip_decompress(memoryview(data), limit)
     if codec == Codec.SNAPPY:
-        return _snappy_decompress(data)
+        return _snappy_decompress(memoryview(data), limit)
     if codec == Codec.LZ4:
-        return _lz4_decompress(data)
+        return _lz4_decompress(data, limit)
     if codec == Codec.ZSTD:
-        return _zstd_decompress(data)
+        return _zstd_decompress(memoryview(data), limit)
     raise CorruptCompressedData(f"unknown compression codec {codec}")
 
 
-def _gzip_decompress(data: Bytes) -> bytes:
-    if not data:
+def _gzip_decompress(view: memoryview, limit: int) -> bytes:
+    if not view:
         raise CorruptCompressedData("empty gzip data")
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise CorruptCompressedData(f"gzip: {exc}") from exc
+    out = bytearray()
+    rest: Bytes = view
+    while rest:
+        member = zlib.decompressobj(GZIP_WBITS)
+        try:
+            out += member.decompress(rest, limit - len(out) + 1)
+        except zlib.error as exc:
+            raise CorruptCompressedData(f"gzip: {exc}") from exc
+        if len(out) > limit:
+            raise DecompressedTooLarge("gzip", limit)
+        if not member.eof:
+            raise CorruptCompressedData("gzip: truncated member")
+        rest = member.unused_data
+        if not rest.strip(b"\0"):
+            break  # zero padding after the last member is allowed, as Java and Python allow it
+    return bytes(out)
 
 
 def _xerial_compress(data: Bytes) -> bytes:
@@ -126,10 +190,9 @@ def _xerial_compress(data: Bytes) -> bytes:
     return bytes(out)
 
 
-def _snappy_decompress(data: Bytes) -> bytes:
-    view = memoryview(data)
+def _snappy_decompress(view: memoryview, limit: int) -> bytes:
     if bytes(view[: len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
-        return _snappy_block(view)
+        return _snappy_block(view, limit, 0)
     out = bytearray()
     pos = 0
     while pos < len(view):
@@ -145,19 +208,32 @@ def _snappy_decompress(data: Bytes) -> bytes:
         pos += XERIAL_CHUNK_LENGTH.size
         if length < 0 or pos + length > len(view):
             raise CorruptCompressedData(f"snappy: xerial chunk of {length} bytes overruns the data")
-        out += _snappy_block(view[pos : pos + length])
+        out += _snappy_block(view[pos : pos + length], limit, len(out))
         pos += length
     return bytes(out)
 
 
-def _snappy_block(block: memoryview) -> bytes:
+def _snappy_block(block: memoryview, limit: int, produced: int) -> bytes:
+    """One raw snappy block, after ``produced`` bytes of output. Its preamble (a little-endian
+    base-128 varint) is the exact size it decompresses to, which snappy allocates and then
+    checks: judged before anything runs."""
+    length = shift = 0
+    for i in range(min(len(block), 5)):
+        length |= (block[i] & 0x7F) << shift
+        if block[i] < 0x80:
+            break
+        shift += 7
+    else:
+        raise CorruptCompressedData("snappy: no block length")
+    if produced + length > limit:
+        raise DecompressedTooLarge("snappy", limit)
     try:
         return bytes(snappy.uncompress(block))
     except snappy.UncompressError as exc:
         raise CorruptCompressedData(f"snappy: {exc.__cause__ or exc}") from exc
 
 
-def _lz4_decompress(data: Bytes) -> bytes:
+def _lz4_decompress(data: Bytes, limit: int) -> bytes:
     rest = bytes(data)
     if not rest:
         raise CorruptCompressedData("lz4: empty data")
@@ -165,27 +241,81 @@ def _lz4_decompress(data: Bytes) -> bytes:
     while rest:
         decompressor = lz4.frame.LZ4FrameDecompressor()
         try:
-            out += decompressor.decompress(rest)
+            out += decompressor.decompress(rest, max_length=limit - len(out) + 1)
         except RuntimeError as exc:
             raise CorruptCompressedData(f"lz4: {exc}") from exc
+        if len(out) > limit:
+            raise DecompressedTooLarge("lz4", limit)
         if not decompressor.eof:
             raise CorruptCompressedData("lz4: truncated frame")
         rest = decompressor.unused_data or b""
     return bytes(out)
 
 
-def _zstd_decompress(data: Bytes) -> bytes:
-    rest = bytes(data)
-    if not rest:
+def _zstd_decompress(view: memoryview, limit: int) -> bytes:
+    if not view:
         raise CorruptCompressedData("zstd: empty data")
     out = bytearray()
-    while rest:
-        decompressor = zstandard.ZstdDecompressor().decompressobj()
-        try:
-            out += decompressor.decompress(rest)
-        except zstandard.ZstdError as exc:
-            raise CorruptCompressedData(f"zstd: {exc}") from exc
-        if not decompressor.eof:
-            raise CorruptCompressedData("zstd: truncated frame")
-        rest = decompressor.unused_data
+    pos = 0
+    while pos < len(view):
+        end, blocks = _zstd_frame(view, pos)
+        if blocks:  # not a skippable frame
+            decoder = zstandard.ZstdDecompressor().decompressobj()
+            try:
+                if len(out) + sum(most for _, most in blocks) <= limit:
+                    out += decoder.decompress(view[pos:end])
+                else:  # block by block: stop one block past the limit
+                    start = pos
+                    for block_end, _ in blocks:
+                        out += decoder.decompress(view[start:block_end])
+                        if len(out) > limit:
+                            raise DecompressedTooLarge("zstd", limit)
+                        start = block_end
+                    if start < end:  # the content checksum
+                        out += decoder.decompress(view[start:end])
+            except zstandard.ZstdError as exc:
+                raise CorruptCompressedData(f"zstd: {exc}") from exc
+            if not decoder.eof or decoder.unused_data:
+                raise CorruptCompressedData(f"zstd: frame at {pos} does not end at {end}")
+        pos = end
+    if len(out) > limit:
+        raise DecompressedTooLarge("zstd", limit)
     return bytes(out)
+
+
+def _zstd_frame(view: memoryview, pos: int) -> tuple[int, list[tuple[int, int]]]:
+    """Where the zstd frame at ``pos`` ends, and each block's end and the most it yields (none
+    for a skippable frame). Only the framing is read: RFC 8878 sections 3.1.1 and 3.1.2."""
+    if len(view) - pos < 8:
+        raise CorruptCompressedData(f"zstd: {len(view) - pos} bytes at {pos} cannot hold a frame")
+    (magic,) = _U32LE.unpack_from(view, pos)
+    if magic & ZSTD_SKIPPABLE_MASK == ZSTD_SKIPPABLE_MAGIC:
+        (size,) = _U32LE.unpack_from(view, pos + 4)
+        if pos + 8 + size > len(view):
+            raise CorruptCompressedData(f"zstd: skippable frame at {pos} overruns the data")
+        return pos + 8 + size, []
+    if magic != ZSTD_MAGIC:
+        raise CorruptCompressedData(f"zstd: no frame magic at {pos}")
+    descriptor = view[pos + 4]
+    content_size_bytes = (0, 2, 4, 8)[descriptor >> 6]
+    single_segment = descriptor & 0x20
+    if not content_size_bytes and single_segment:
+        content_size_bytes = 1
+    at = pos + 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 0x03]
+    at += content_size_bytes
+    blocks = []
+    last = False
+    while not last:
+        if at + 3 > len(view):
+            raise CorruptCompressedData(f"zstd: frame at {pos} ends inside a block header")
+        header = view[at] | view[at + 1] << 8 | view[at + 2] << 16
+        last, kind, size = bool(header & 1), header >> 1 & 0x03, header >> 3
+        if kind == ZSTD_BLOCK_RESERVED or size > ZSTD_BLOCK_MAX:
+            raise CorruptCompressedData(f"zstd: invalid block header at {at}")
+        at += 3 + (1 if kind == ZSTD_BLOCK_RLE else size)
+        # raw and RLE blocks yield exactly their size; a compressed block at most 128 KiB
+        blocks.append((at, ZSTD_BLOCK_MAX if kind == ZSTD_BLOCK_COMPRESSED else size))
+    end = at + (4 if descriptor & 0x04 else 0)  # the content checksum
+    if end > len(view):
+        raise CorruptCompressedData(f"zstd: frame at {pos} overruns the data")
+    return end, blocks

@@ -1,21 +1,19 @@
 """Kafka v2 record batches (magic 2), kept opaque: only the 61-byte batch header is parsed.
 
-Owns the header layout (``HEADER``, offsets derived from ``FIELDS``), the produce-side checks
-(``split_batches``), the edits a broker makes in place, whole-batch compression, and a record
-reader and writer for tests, fetch-side tools and the flusher.
+Owns the header layout (``HEADER``, offsets derived from ``FIELDS``), the edits a broker makes in
+place, whole-batch compression, and a record reader and writer for tests, fetch-side tools and
+the flusher. What a broker accepts from a client is decided in ``kafscale.protocol.validate``.
 
 Invariants:
 - offsets are assigned by writing the base offset, never by re-encoding: ``patch_base_offset`` and
   ``patch_leader_epoch`` touch only bytes before the CRC'd range, so the CRC stays valid;
 - every function that changes a byte from ``attributes`` onwards rewrites the CRC32C;
-- bad input from a client is returned as a ``BatchError`` (Kafka error code and message), never
-  raised; a batch that fails to parse record by record raises ``CorruptRecordBatch``.
+- a batch that fails to parse record by record raises ``CorruptRecordBatch`` (or
+  ``CorruptCompressedData`` for its compressed section); decompression is always bounded
+  (``compression.read_limit`` unless the caller knows better).
 
 Layout: DefaultRecordBatch.java and DefaultRecord.java (KIP-98,
 https://cwiki.apache.org/confluence/display/KAFKA/KIP-98+-+Exactly+Once+Delivery+and+Transactional+Messaging).
-Checks and error codes follow, in Kafka's order, ProduceRequest.validateRecords,
-UnifiedLog.analyzeAndValidateRecords and LogValidator.validateBatch; ``split_batches`` says where we
-differ.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from kio.serial.errors import BufferUnderflow
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 from kio.serial.writers import write_signed_varint, write_signed_varlong
 
-from kafscale.protocol.compression import Bytes, Codec, CorruptCompressedData, compress, decompress
+from kafscale.protocol.compression import Bytes, Codec, compress, decompress, read_limit
 from kafscale.protocol.errors import DecodeError, ErrorCode
 
 #: The v2 batch header in wire order, as (field, struct code); every offset below derives from it.
@@ -166,114 +164,14 @@ def read_header(buf: Bytes, pos: int = 0) -> BatchHeader:
     return BatchHeader(*HEADER.unpack_from(buf, pos))
 
 
-def split_batches(
-    records: Bytes, max_batch_bytes: int, *, single_batch: bool = True, allow_zstd: bool = True
-) -> list[BatchView] | BatchError:
-    """The batches of a Produce request's ``records`` for one partition, each checked as Kafka's
-    broker checks a batch from a client, or the first problem found.
-
-    ``max_batch_bytes`` is the topic's max.message.bytes. ``single_batch`` refuses more than one
-    batch, as Kafka does for Produce v3+ (ProduceRequest.validateRecords); ``allow_zstd`` False is
-    for Produce versions below 7 (KIP-110). Record contents are not decoded: see ``check_records``.
-
-    Where we differ from Kafka, deliberately: a blob that ends inside a batch is CORRUPT_MESSAGE
-    (Kafka's iterator stops at a short tail, then answers INVALID_RECORD "no record batch" or drops
-    the tail); a codec id above 4 is UNSUPPORTED_COMPRESSION_TYPE (Kafka: an unchecked exception,
-    UNKNOWN_SERVER_ERROR); transactional batches are UNSUPPORTED_FOR_MESSAGE_FORMAT, Kafka's code
-    for a log that cannot hold transactional records (we have no transaction coordinator); a
-    LogAppendTime bit from a producer is INVALID_TIMESTAMP (Kafka refuses it on LogAppendTime
-    topics and clears it on CreateTime ones; no client sets it).
-    """
-    view = memoryview(records)
-    batches: list[BatchView] = []
-    pos = 0
-    while pos < len(view):
-        found = _frame(view, pos)
-        if isinstance(found, BatchError):
-            return found
-        if single_batch and batches:
-            return _invalid("Produce requests may hold only one record batch per partition")
-        problem = _check_batch(found, max_batch_bytes, allow_zstd)
-        if problem is not None:
-            return problem
-        batches.append(found)
-        pos += found.header.size
-    if not batches:
-        return _invalid("Produce requests must hold a record batch per partition")
-    return batches
-
-
-def _frame(view: memoryview, pos: int) -> BatchView | BatchError:
-    """Kafka's ByteBufferLogInputStream.nextBatch: a length, a magic byte, then the header."""
-    remaining = len(view) - pos
-    if remaining < LOG_OVERHEAD:
-        return _corrupt(f"{remaining} bytes at position {pos} end inside a batch's length")
-    (length,) = FIELD_STRUCTS["batch_length"].unpack_from(view, pos + OFFSETS["batch_length"])
-    if length < LEGACY_MIN_LENGTH:
-        return _corrupt(f"record batch length {length} is below the minimum {LEGACY_MIN_LENGTH}")
-    if LOG_OVERHEAD + length > remaining:
-        return _corrupt(
-            f"record batch at position {pos} declares {LOG_OVERHEAD + length} bytes "
-            f"but only {remaining} remain"
-        )
-    magic = FIELD_STRUCTS["magic"].unpack_from(view, pos + OFFSETS["magic"])[0]
-    if magic < 0 or magic > MAGIC:
-        return _corrupt(f"invalid magic {magic} in record batch")
-    if magic != MAGIC:
-        return _invalid(f"record batch magic {magic}: Produce v3+ allows only magic 2")
-    if LOG_OVERHEAD + length < HEADER.size:
-        return _corrupt(f"record batch of {LOG_OVERHEAD + length} bytes is smaller than its header")
-    data = view[pos : pos + LOG_OVERHEAD + length]
-    return BatchView(pos, read_header(data), data)
-
-
-def _check_batch(batch: BatchView, max_batch_bytes: int, allow_zstd: bool) -> BatchError | None:
-    header = batch.header
-    if header.base_offset != 0:
-        return _invalid(f"batch base offset should be 0, not {header.base_offset}")
-    if header.size > max_batch_bytes:
-        return BatchError(
-            ErrorCode.message_too_large,
-            f"record batch of {header.size} bytes exceeds max.message.bytes ({max_batch_bytes})",
-        )
-    if _crc(batch.data) != header.crc:
-        return _corrupt(f"record batch is corrupt (stored crc = {header.crc})")
-    if header.codec > Codec.ZSTD or (header.codec == Codec.ZSTD and not allow_zstd):
-        return BatchError(
-            ErrorCode.unsupported_compression_type, f"compression codec {header.codec} refused"
-        )
-    if header.last_offset_delta < 0 or header.records_count <= 0:
-        return _invalid(f"invalid record count {header.records_count} in batch")
-    if header.records_count != header.last_offset_delta + 1:
-        return _invalid(f"last offset delta {header.last_offset_delta} for {header.records_count}")
-    if header.is_control:
-        return _invalid("clients are not allowed to write control records")
-    if header.producer_id >= 0 and header.base_sequence < 0:
-        return _invalid(f"invalid sequence number {header.base_sequence} with a producer id")
-    if header.is_transactional:
-        return BatchError(
-            ErrorCode.unsupported_for_message_format, "transactional batches are not supported"
-        )
-    if header.timestamp_type == TimestampType.LOG_APPEND_TIME:
-        return BatchError(ErrorCode.invalid_timestamp, "producer should not set LogAppendTime")
-    return None
-
-
-def _invalid(message: str) -> BatchError:
-    return BatchError(ErrorCode.invalid_record, message)
-
-
-def _corrupt(message: str) -> BatchError:
-    return BatchError(ErrorCode.corrupt_message, message)
-
-
-def _crc(batch: Bytes) -> int:
+def batch_crc(batch: Bytes) -> int:
+    """The CRC32C a v2 batch should carry: over its bytes from ``attributes`` to the end."""
     value: int = crc32c.crc32c(memoryview(batch)[CRC_START:])
     return value
 
 
 def _write_crc(buf: bytearray | memoryview, pos: int, size: int) -> None:
-    crc = _crc(memoryview(buf)[pos : pos + size])
+    crc = batch_crc(memoryview(buf)[pos : pos + size])
     FIELD_STRUCTS["crc"].pack_into(buf, pos + OFFSETS["crc"], crc)
 
 
@@ -305,6 +203,15 @@ def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int
     _write_crc(buf, pos, header.size)
 
 
+def set_max_timestamp(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
+    """Give the CreateTime batch at ``pos`` the max_timestamp its records have and rewrite its
+    CRC, as Kafka's LogValidator does when a producer's header says otherwise."""
+    header = read_header(buf, pos)
+    if timestamp_ms != header.max_timestamp:
+        FIELD_STRUCTS["max_timestamp"].pack_into(buf, pos + OFFSETS["max_timestamp"], timestamp_ms)
+        _write_crc(buf, pos, header.size)
+
+
 def compress_batch(batch: Bytes, codec: int, level: int | None = None) -> bytes:
     """An uncompressed batch with its records section compressed with ``codec``: attributes,
     batch_length and CRC change, every other header field is kept.
@@ -325,22 +232,25 @@ def compress_batch(batch: Bytes, codec: int, level: int | None = None) -> bytes:
     return bytes(out)
 
 
-def decompress_records(batch: Bytes) -> bytes:
-    """The raw records section of ``batch``, decompressed if its codec says so."""
+def decompress_records(batch: Bytes, limit: int | None = None) -> bytes:
+    """The raw records section of ``batch``, decompressed if its codec says so, to at most
+    ``limit`` bytes (default ``compression.read_limit``; ``DecompressedTooLarge`` beyond)."""
     view = memoryview(batch)
     header = read_header(view)
-    return decompress(header.codec, view[RECORDS_OFFSET : header.size])
+    bound = read_limit(header.size) if limit is None else limit
+    return decompress(header.codec, view[RECORDS_OFFSET : header.size], bound)
 
 
-def iter_records(batch: Bytes) -> Iterator[Record]:
+def iter_records(batch: Bytes, limit: int | None = None) -> Iterator[Record]:
     """The records of one batch, with absolute offsets and timestamps (the batch's LogAppendTime
     for every record when the bit is set). Raise CorruptRecordBatch, or CorruptCompressedData, if
-    the records do not parse or do not fill the records section exactly."""
+    the records do not parse or do not fill the records section exactly; decompression stops at
+    ``limit`` bytes as in ``decompress_records``."""
     view = memoryview(batch).toreadonly()  # kio's native readers refuse writable buffers
     header = read_header(view)
     if header.size != len(view):
         raise CorruptRecordBatch(f"batch declares {header.size} bytes but has {len(view)}")
-    body = memoryview(decompress_records(view)) if header.codec else view[RECORDS_OFFSET:]
+    body = memoryview(decompress_records(view, limit)) if header.codec else view[RECORDS_OFFSET:]
     append_time = (
         header.max_timestamp if header.timestamp_type == TimestampType.LOG_APPEND_TIME else None
     )
@@ -350,23 +260,6 @@ def iter_records(batch: Bytes) -> Iterator[Record]:
         yield record
     if pos != len(body):
         raise CorruptRecordBatch(f"{len(body) - pos} bytes follow the batch's last record")
-
-
-def check_records(batch: Bytes) -> BatchError | None:
-    """Kafka's record-level checks of a batch from a client (LogValidator): every record parses,
-    the count is right, and offset deltas run 0..n-1 (Kafka rewrites a compressed batch whose
-    deltas do not; we cannot, so we refuse it). Decompresses a compressed batch."""
-    try:
-        base_offset = read_header(batch).base_offset
-        for expected, record in enumerate(iter_records(batch)):
-            if record.offset - base_offset != expected:
-                return BatchError(
-                    ErrorCode.invalid_record,
-                    f"record {expected} has offset delta {record.offset - base_offset}",
-                )
-    except (CorruptRecordBatch, CorruptCompressedData) as exc:
-        return BatchError(ErrorCode.invalid_record, str(exc))
-    return None
 
 
 def _read_record(

@@ -26,17 +26,18 @@ import zmq
 
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
-from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcServer
+from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcError, RpcServer
 from kafscale.metadata import open_metadata_store
-from kafscale.metadata.store import MetadataStore
+from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.protocol import records as batches
+from kafscale.protocol import validate
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards.loading import PartitionLoader
 from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.reader import ReadPath
 from kafscale.storage import open_object_store
 from kafscale.storage.metered import MeteredObjectStore
-from kafscale.storage.objects import ObjectStore
+from kafscale.storage.objects import ObjectStore, ObjectStoreError
 from kafscale.supervisor.child import ChildContext
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,8 @@ class Shard:
                 )
                 state.in_flight = -1
                 partition.flush_failed()
+            if state.in_flight >= 0 and now - state.sent_ms >= self.config.s3_latency_threshold_ms:
+                self._flush_is_slow(now)
             if now >= state.retry_at_ms:
                 self._start_flush(partition, state, now)
         self._expire_pending(now)
@@ -226,11 +229,24 @@ class Shard:
             )
         except StaleTopic as exc:
             return _error(ErrorCode.unknown_topic_or_partition, str(exc)), None
+        except (MetadataStoreError, ObjectStoreError, RpcError) as exc:
+            # An outage while loading the partition: retriable; the next request loads again.
+            metrics.BATCHES_REJECTED.labels("storage").inc()
+            return _error(ErrorCode.kafka_storage_error, f"cannot load the partition: {exc}"), None
         partition.codec = entry.codec
         # The topic's segment.bytes, as of this request (it may be altered at any time).
         partition.segment_bytes = entry.segment_bytes or self.config.segment_bytes
-        found = batches.split_batches(
-            frame.buffer, entry.max_message_bytes, allow_zstd=entry.allow_zstd
+        found = validate.split_batches(
+            frame.buffer,
+            validate.BatchPolicy(
+                entry.max_message_bytes,
+                entry.allow_zstd,
+                entry.log_append_time,
+                entry.timestamp_before_max_ms,
+                entry.timestamp_after_max_ms,
+                self.config.max_decompression_factor,
+            ),
+            now,
         )
         if isinstance(found, batches.BatchError):
             metrics.BATCHES_REJECTED.labels(found.error_code.name).inc()
@@ -414,6 +430,15 @@ class Shard:
                 extra={"topic": reply.topic, "partition": reply.partition, "error": reply.error},
             )
         state.last_error = reply.error
+
+    def _flush_is_slow(self, now: int) -> None:
+        """A flush still unanswered after KAFSCALE_S3_LATENCY_THRESHOLD_MS says S3 (or etcd) is
+        slow or paused: refuse produce now, not when its answer comes (a paused S3 sends none)."""
+        was_slow = now < self.slow_until_ms
+        self.slow_until_ms = now + SLOW_PENALTY_MS
+        if not was_slow:
+            log.warning("a flush is taking too long: refusing produce until flushes complete")
+            self._update_gauges()
 
     def _update_gauges(self) -> None:
         metrics.BUFFER_BYTES.labels(self._label).set(self.unflushed)

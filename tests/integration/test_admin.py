@@ -26,6 +26,8 @@ TOPIC_CONFIGS = {
     "cleanup.policy",
     "compression.type",
     "max.message.bytes",
+    "message.timestamp.after.max.ms",
+    "message.timestamp.before.max.ms",
     "message.timestamp.type",
     "retention.bytes",
     "retention.ms",

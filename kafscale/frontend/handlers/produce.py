@@ -104,6 +104,8 @@ def _entry(ctx: RequestContext, record: TopicRecord, partition: int) -> AppendEn
         allow_zstd=ctx.version >= 7,
         topic_created_ms=record.created_ms,
         segment_bytes=int(configs["segment.bytes"]),
+        timestamp_before_max_ms=int(configs["message.timestamp.before.max.ms"]),
+        timestamp_after_max_ms=int(configs["message.timestamp.after.max.ms"]),
     )
 
 

@@ -128,6 +128,8 @@ def test_describe_configs_of_a_topic(version: int) -> None:
         "cleanup.policy",
         "compression.type",
         "max.message.bytes",
+        "message.timestamp.after.max.ms",
+        "message.timestamp.before.max.ms",
         "message.timestamp.type",
         "retention.bytes",
         "retention.ms",
