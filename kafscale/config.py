@@ -262,6 +262,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("broker_id", "0", _int_in(0, 2**31 - 1), "This broker's node id"),
     Setting(
+        "store_lock_ttl_ms",
+        "10000",
+        _int_in(2000, 300_000),
+        "How long the store lock outlives a broker that died without releasing it (whole "
+        "seconds); a broker starting on that store waits up to this long",
+    ),
+    Setting(
         "data_dir",
         "./data",
         _text,
@@ -454,6 +461,7 @@ class Config:
     metrics_port: int
     admin_token: str = dataclasses.field(repr=False)
     broker_id: int
+    store_lock_ttl_ms: int
     data_dir: str
     s3_bucket: str
     s3_region: str

@@ -36,17 +36,21 @@ def run(ctx: ChildContext) -> None:
     objects = MeteredObjectStore(open_object_store(config))
     try:
         store.check()
+        keys = Keys(config.s3_namespace)
+        cluster_id = ensure_cluster_id(store, keys)
+        broker = BrokerRecord(
+            node_id=config.broker_id,
+            host=config.advertised_listener_host,
+            port=config.broker_port,
+            run_id=ctx.run_id,
+        )
+        # First, before any other write: a broker id held by another broker stops us here.
+        registration = BrokerRegistration(store, keys, broker)
+        registration.register(wait=True)
         admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
         admin.resume_deletions()
         committer = PartitionCommitter(store, config.s3_namespace)
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
-        keys = Keys(config.s3_namespace)
-        cluster_id = ensure_cluster_id(store, keys)
-        broker = BrokerRecord(
-            node_id=config.broker_id, host=config.advertised_listener_host, port=config.broker_port
-        )
-        registration = BrokerRegistration(store, keys, broker)
-        registration.register()
         server = RpcServer(ctx.zmq_context, ctx.address())
         groups = GroupService(
             store,

@@ -5,7 +5,9 @@ All keys of one cluster live under ``/kafscale/{namespace}/`` (the namespace is
 encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readable by an operator.
 
     /kafscale/{ns}/cluster_id            the cluster id, created once (put-if-absent)
-    /kafscale/{ns}/brokers/{node_id}     BrokerRecord, attached to the broker's lease
+    /kafscale/{ns}/owner                 the store lock: which broker writes this namespace
+                                         (kafscale.supervisor.ownership), on its lease
+    /kafscale/{ns}/brokers/{node_id}     BrokerRecord, put-if-absent on the broker's lease
     /kafscale/{ns}/topics/{name}         TopicRecord
     /kafscale/{ns}/deleting/{name}       TopicRecord of a deleted topic whose objects are being
                                          removed; the name cannot be re-created until it is gone
@@ -31,6 +33,9 @@ class BrokerRecord(msgspec.Struct, frozen=True):
     host: str
     port: int
     rack: str | None = None
+    # The `kafscale serve` run that registered it: a respawned coordinator of that run may
+    # replace it, a broker of any other run may not (two brokers never share a node id).
+    run_id: str = ""
 
 
 class TopicRecord(msgspec.Struct, frozen=True):
@@ -103,6 +108,7 @@ class Keys:
     def __init__(self, namespace: str) -> None:
         self.root = f"/kafscale/{namespace}/"
         self.cluster_id = self.root + "cluster_id"
+        self.owner = self.root + "owner"
         self.brokers = self.root + "brokers/"
         self.topics = self.root + "topics/"
         self.deleting = self.root + "deleting/"

@@ -1,18 +1,29 @@
-"""The supervisor process of one broker: preflight, health endpoints, then the arbiter.
+"""The supervisor process of one broker: preflight, the store lock, health endpoints, the arbiter.
 
 A configured backend that cannot be reached stops start-up with a message naming its endpoint,
 within ``KAFSCALE_BOOT_TIMEOUT_MS`` -- never a silent fallback to the embedded backends.
+
+The store lock (``kafscale.supervisor.ownership``) is taken after the preflight and before any
+child boots, held for the broker's life, and released only after every child has stopped. A
+broker that loses it to another broker stops at once: its children are SIGKILLed, not drained,
+since a drain would write to a store that is no longer this broker's.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 from kafscale.config import Config
 from kafscale.metadata import open_metadata_store
-from kafscale.storage import open_object_store
+from kafscale.metadata.store import MetadataStore, MetadataStoreError
+from kafscale.storage import ObjectStore, open_object_store
+from kafscale.supervisor import ownership
 from kafscale.supervisor.arbiter import Arbiter, StartupError
 from kafscale.supervisor.health import HealthChecker, HealthServer
 
@@ -20,61 +31,123 @@ log = logging.getLogger("kafscale.supervisor")
 
 
 def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
-    arbiter = Arbiter(config, run_id, runtime_dir)
+    arbiter: Arbiter | None = None
     try:
-        arbiter.prepare()
-        _supervise(config, arbiter)
+        with (
+            _backends(config) as (objects, store),
+            _store_lock(config, store, run_id) as owned,
+        ):
+            arbiter = Arbiter(config, run_id, runtime_dir)
+            try:
+                arbiter.prepare()
+                owned.keep(lambda reason: _stop_writing(arbiter, reason))
+                _supervise(config, arbiter, objects, store)
+            finally:
+                if owned.lost is not None:
+                    _kill_children(arbiter)  # no drain: the store is another broker's now
+                arbiter.shutdown()  # every child stops while the store is still ours
+            if owned.lost is not None:
+                arbiter.failure = f"the store lock was lost: {owned.lost}"
     except StartupError as exc:
-        log.critical("cannot start: %s", exc)
+        if arbiter is not None and arbiter.failure:  # the lock was lost during the boot
+            log.critical("stopped: %s", arbiter.failure)
+        else:
+            log.critical("cannot start: %s", exc)
         return 1
-    finally:
-        arbiter.shutdown()
-    if arbiter.failure:
+    if arbiter is not None and arbiter.failure:
         log.critical("stopped: %s", arbiter.failure)
         return 1
     log.info("stopped")
     return 0
 
 
-def _supervise(config: Config, arbiter: Arbiter) -> None:
+@contextlib.contextmanager
+def _backends(config: Config) -> Iterator[tuple[ObjectStore, MetadataStore]]:
+    """The configured backends, checked to answer within the boot timeout."""
     try:
         objects = open_object_store(config)
-        store = open_metadata_store(config)
     except Exception as exc:
         raise StartupError(str(exc)) from None
     try:
-        checks: dict[str, Callable[[], None]] = {"objects": objects.check, "metadata": store.check}
-        preflight(checks, config.boot_timeout_ms / 1000)
-        checker = HealthChecker(arbiter.runtime_dir, arbiter.children, checks)
         try:
-            http = HealthServer(
-                config.broker_host, config.metrics_port, checker, config.admin_token
-            )
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen on {config.broker_host}:{config.metrics_port} "
-                f"(KAFSCALE_METRICS_PORT): {exc}"
-            ) from None
-        http.start()
+            store = open_metadata_store(config)
+        except Exception as exc:
+            raise StartupError(str(exc)) from None
         try:
-            arbiter.boot()
-            checker.start()
-            log.info(
-                "broker running",
-                extra={
-                    "bootstrap": f"{config.broker_host}:{config.broker_port}",
-                    "run_id": arbiter.run_id,
-                    "objects": objects.description,
-                    "metadata": store.description,
-                },
+            preflight(
+                {"objects": objects.check, "metadata": store.check}, config.boot_timeout_ms / 1000
             )
-            arbiter.run()
+            yield objects, store
         finally:
-            checker.stop()
-            http.stop()
+            store.close()
     finally:
-        store.close()
         objects.close()
+
+
+@contextlib.contextmanager
+def _store_lock(config: Config, store: MetadataStore, run_id: str) -> Iterator[ownership.Ownership]:
+    """Hold the store lock for the body; StartupError, naming the holder, if another has it."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # the wait may last a lease's TTL
+    try:
+        owned = ownership.acquire(config, store, run_id)
+    except KeyboardInterrupt:
+        raise StartupError("interrupted while waiting for the store lock") from None
+    except (ownership.StoreLocked, MetadataStoreError, OSError) as exc:
+        raise StartupError(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        yield owned
+    finally:
+        owned.release()
+
+
+def _interrupt(signum: int, _frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _stop_writing(arbiter: Arbiter, reason: str) -> None:
+    """On the lock keeper's thread: make the arbiter's loop end (it checks within 500 ms)."""
+    arbiter.failure = f"the store lock was lost: {reason}"
+    arbiter.stopping = True
+
+
+def _kill_children(arbiter: Arbiter) -> None:
+    for child in arbiter.children:
+        if child.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+
+
+def _supervise(
+    config: Config, arbiter: Arbiter, objects: ObjectStore, store: MetadataStore
+) -> None:
+    checks: dict[str, Callable[[], None]] = {"objects": objects.check, "metadata": store.check}
+    checker = HealthChecker(arbiter.runtime_dir, arbiter.children, checks)
+    try:
+        http = HealthServer(config.broker_host, config.metrics_port, checker, config.admin_token)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {config.broker_host}:{config.metrics_port} "
+            f"(KAFSCALE_METRICS_PORT): {exc}"
+        ) from None
+    http.start()
+    try:
+        arbiter.boot()
+        checker.start()
+        log.info(
+            "broker running",
+            extra={
+                "bootstrap": f"{config.broker_host}:{config.broker_port}",
+                "run_id": arbiter.run_id,
+                "objects": objects.description,
+                "metadata": store.description,
+            },
+        )
+        arbiter.run()
+    finally:
+        checker.stop()
+        http.stop()
 
 
 def preflight(checks: dict[str, Callable[[], None]], timeout_s: float) -> None:
