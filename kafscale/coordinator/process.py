@@ -4,6 +4,9 @@ It owns the cluster id, this broker's registration, the topics (creation, deleti
 removal of a deleted topic's objects), partition commits, producer ids, and the consumer groups
 with their committed offsets. Other processes never write metadata: they read the watched view
 (``kafscale.metadata.view``) or ask the coordinator.
+
+A request whose handler fails -- the metadata store or S3 unreachable, or a bug one request
+triggers -- is answered with ``ErrorReply`` (``contained``); the coordinator never exits for it.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import logging
 
 from kafscale.ipc import messages
-from kafscale.ipc.rpc import RpcServer, serve_until
+from kafscale.ipc.rpc import Handler, Incoming, RpcServer, serve_until
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord, Keys
+from kafscale.metadata.store import MetadataStoreUnavailable
 from kafscale.storage import open_object_store
 from kafscale.storage.metered import MeteredObjectStore
+from kafscale.storage.objects import ObjectStoreUnavailable
 from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
@@ -78,15 +83,17 @@ def run(ctx: ChildContext) -> None:
             serve_until(
                 ctx.stopping,
                 server,
-                {
-                    messages.Ping: lambda _: ctx.pong(),
-                    messages.CreateTopics: admin.handle_create,
-                    messages.DeleteTopics: admin.handle_delete,
-                    messages.CommitSegment: committer.handle,
-                    messages.AllocateProducerId: producer_ids.handle,
-                    **groups.handlers(),
-                    **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
-                },
+                contained(
+                    {
+                        messages.Ping: lambda _: ctx.pong(),
+                        messages.CreateTopics: admin.handle_create,
+                        messages.DeleteTopics: admin.handle_delete,
+                        messages.CommitSegment: committer.handle,
+                        messages.AllocateProducerId: producer_ids.handle,
+                        **groups.handlers(),
+                        **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
+                    }
+                ),
                 on_idle=on_idle,
                 idle_ms=TICK_MS,
             )
@@ -97,3 +104,25 @@ def run(ctx: ChildContext) -> None:
     finally:
         store.close()
         objects.close()
+
+
+def contained(handlers: dict[type, Handler]) -> dict[type, Handler]:
+    """The handlers, each answering ``ErrorReply`` instead of ending the coordinator when it
+    raises: the callers (flusher, frontend, shards) take that as a retriable failure."""
+    return {kind: _contain(handler) for kind, handler in handlers.items()}
+
+
+def _contain(handler: Handler) -> Handler:
+    def handle(incoming: Incoming) -> messages.Message | None:
+        try:
+            return handler(incoming)
+        except (MetadataStoreUnavailable, ObjectStoreUnavailable) as exc:
+            # An outage: the store's outage gate logged it once; every request meanwhile is
+            # refused at once, and the coordinator keeps serving what needs no backend.
+            return messages.ErrorReply(message=f"a backend is unavailable: {exc}")
+        except Exception as exc:
+            # One request must not take down the coordinator (and every group with it).
+            log.exception("request failed", extra={"request": type(incoming.message).__name__})
+            return messages.ErrorReply(message=f"{type(exc).__name__}: {exc}")
+
+    return handle

@@ -7,8 +7,15 @@ and asks the coordinator to commit. Only then does the shard hear ``committed``.
 flush at once; one partition never has two flushes in flight (the shard sees to that).
 
 Uploads are deterministic (the segment's created time comes from the shard's seal), so a retry
-after a lost reply writes the same bytes, and a key that exists with the same bytes is our own
-earlier attempt. A key that exists with other bytes is refused loudly and never overwritten.
+after a lost reply writes the same bytes, and a key that exists with the same bytes (or the same
+records) is our own earlier attempt, or the same buffer flushed again by a restarted shard. A key
+that exists with other bytes is judged by the metadata (``kafscale.flusher.collision``): a
+committed object is never deleted or rewritten; only a deleted topic's leftover that no record
+references is replaced. Anything else is refused loudly and never overwritten.
+
+A backend that fails (S3, the metadata store, the coordinator answering ``ErrorReply`` because
+its store is down) is reported as a storage error: the shard refuses produce meanwhile and
+retries the flush.
 """
 
 from __future__ import annotations
@@ -23,10 +30,15 @@ import msgspec
 import zmq
 
 from kafscale import metrics
+from kafscale.flusher import collision
+from kafscale.flusher.collision import Verdict
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import Incoming, RpcClient, RpcError, RpcServer
 from kafscale.ipc.shm import PartitionBuffer
-from kafscale.metadata.records import SegmentRecord
+from kafscale.metadata import open_metadata_store
+from kafscale.metadata import records as metadata_records
+from kafscale.metadata.records import Keys, SegmentRecord
+from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.protocol import records
 from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
@@ -52,11 +64,17 @@ class TopicGone(FlushError):
     """The topic was deleted while its segment was being flushed."""
 
 
+class CoordinatorFailed(FlushError):
+    """The coordinator could not commit (its metadata store is unreachable): retry later."""
+
+
 class Flusher:
-    def __init__(self, ctx: ChildContext, objects: ObjectStore) -> None:
+    def __init__(self, ctx: ChildContext, objects: ObjectStore, store: MetadataStore) -> None:
         self.ctx = ctx
         self.objects = objects
+        self.store = store  # read only: the records that decide what a collision is
         self.namespace = ctx.config.s3_namespace
+        self.keys = Keys(self.namespace)
         self.coordinator_address = endpoints.address(ctx.runtime_dir, "coordinator")
         self._local = threading.local()
         self._uploads = concurrent.futures.ThreadPoolExecutor(WORKERS * 2, "upload")
@@ -65,7 +83,7 @@ class Flusher:
         started = time.monotonic()
         try:
             high_watermark, upload_ms, segment = self._flush(job)
-        except (ObjectStoreError, RpcError) as exc:
+        except (ObjectStoreError, MetadataStoreError, RpcError, CoordinatorFailed) as exc:
             metrics.FLUSH_ERRORS.labels("storage").inc()
             return _failed(job, str(exc), storage_error=True)
         except TopicGone as exc:
@@ -95,15 +113,13 @@ class Flusher:
         kfs_key = segments.segment_key(self.namespace, job.topic, job.partition, job.base_offset)
         index_key = segments.index_key(self.namespace, job.topic, job.partition, job.base_offset)
         uploaded = time.monotonic()
-        kfs_upload = self._uploads.submit(self._put, kfs_key, kfs)
+        kfs_upload = self._uploads.submit(self._put_segment, job, kfs_key, kfs)
         index_upload = self._uploads.submit(self._put, index_key, index)
-        kfs_upload.result()
+        created_ms = kfs_upload.result()
         try:
             index_upload.result()
         except Collision:
-            # Our segment is in place, so an index under its key that differs is a leftover.
-            self.objects.delete(index_key)
-            self._put(index_key, index)
+            self._settle_index(job, index_key, index)
         upload_ms = int((time.monotonic() - uploaded) * 1000)
         segment = SegmentRecord(
             base_offset=job.base_offset,
@@ -112,7 +128,7 @@ class Flusher:
             index_size=len(index),
             records=job.records,
             max_timestamp=job.max_timestamp,
-            created_ms=job.created_ms,
+            created_ms=created_ms,
         )
         reply = (
             self._coordinator()
@@ -128,6 +144,8 @@ class Flusher:
             )
             .message
         )
+        if isinstance(reply, messages.ErrorReply):
+            raise CoordinatorFailed(f"the coordinator could not commit: {reply.message}")
         if not isinstance(reply, messages.SegmentCommitted):
             raise FlushError(f"unexpected reply from the coordinator: {reply!r}")
         if not reply.committed and reply.high_watermark == -1:
@@ -150,7 +168,9 @@ class Flusher:
             raise FlushError(f"buffer {job.buffer} was reused before it was flushed")
         return data
 
-    def _put(self, key: str, data: bytes) -> None:
+    def _put(self, key: str, data: bytes) -> bool:
+        """Put-if-absent; True if created, False if the key holds these very bytes already.
+        Raises Collision if it holds other bytes."""
         started = time.monotonic()
         try:
             created = self.objects.put_if_absent(key, data)
@@ -159,22 +179,62 @@ class Flusher:
             raise
         metrics.S3_PUT_SECONDS.observe(time.monotonic() - started)
         if created:
-            return
-        existing = self.objects.get(key)
-        if existing != data and _leftover(existing, data):
+            return True
+        if self.objects.get(key) == data:
+            return False
+        raise Collision(f"{key} exists with different bytes")
+
+    def _put_segment(self, job: messages.FlushSegment, key: str, kfs: bytes) -> int:
+        """Upload the segment; the created time of the segment now under ``key`` (ours, or an
+        earlier upload of the same records). Raises Collision if the key holds another one."""
+        for _ in range(2):  # a replaced leftover can be raced by another writer once
+            try:
+                self._put(key, kfs)
+                return job.created_ms
+            except Collision:
+                existing = self.objects.get(key)
+            judgement = collision.judge_segment(
+                existing, kfs, self._committed(job), self._topic_created_ms(job)
+            )
+            if judgement.verdict is Verdict.OURS:
+                log.info("segment already uploaded", extra={"key": key, "reason": judgement.reason})
+                return segments.parse_segment(existing, verify=False).created_ms
+            if judgement.verdict is Verdict.CONFLICT:
+                log.error(
+                    "a different segment already exists under the key; not overwriting",
+                    extra={"key": key, "reason": judgement.reason},
+                )
+                raise Collision(f"{key} holds {judgement.reason}")
             log.warning(
-                "removing a leftover of a deleted topic under a segment key", extra={"key": key}
+                "replacing an object under a segment key",
+                extra={"key": key, "reason": judgement.reason},
             )
             self.objects.delete(key)
-            if self.objects.put_if_absent(key, data):
-                return
-            existing = self.objects.get(key)
-        if existing != data:
-            log.error(
-                "a different object already exists under a segment key; not overwriting",
-                extra={"key": key},
-            )
-            raise Collision(f"{key} exists with different bytes")
+        raise Collision(f"{key} was written by another writer while we replaced a leftover")
+
+    def _settle_index(self, job: messages.FlushSegment, key: str, index: bytes) -> None:
+        """Our segment is in place and the index under its key differs: a leftover, replaced
+        unless a committed record references it (then it stays: an index is an accelerator,
+        readers check what it points at)."""
+        if not collision.may_replace_index(self._committed(job)):
+            log.warning("the committed index differs from ours; keeping it", extra={"key": key})
+            return
+        log.warning("replacing a leftover index", extra={"key": key})
+        self.objects.delete(key)
+        self._put(key, index)
+
+    def _committed(self, job: messages.FlushSegment) -> SegmentRecord | None:
+        kv = self.store.get(self.keys.segment(job.topic, job.partition, job.base_offset))
+        return metadata_records.decode_segment(kv.value) if kv is not None else None
+
+    def _topic_created_ms(self, job: messages.FlushSegment) -> int:
+        """The creation time of the job's topic as its metadata record has it (0 if the topic
+        is gone or was re-created: then it is not ours to judge)."""
+        kv = self.store.get(self.keys.topic(job.topic))
+        if kv is None:
+            return 0
+        topic = metadata_records.decode_topic(kv.value)
+        return topic.created_ms if topic.topic_id == job.topic_id else 0
 
     def _delete_if_ours(self, key: str, data: bytes) -> None:
         try:
@@ -207,18 +267,6 @@ def _failed(job: messages.FlushSegment, error: str, storage_error: bool) -> mess
     )
 
 
-def _leftover(existing: bytes, ours: bytes) -> bool:
-    """Whether ``existing`` (under our segment key, with other bytes) is a segment sealed before
-    the one we are writing: a deleted topic's upload that raced its deletion. Only segments are
-    judged; an index follows its segment."""
-    try:
-        theirs = segments.parse_segment(existing, verify=False)
-        mine = segments.parse_segment(ours, verify=False)
-    except segments.CorruptSegment:
-        return False
-    return theirs.created_ms < mine.created_ms
-
-
 def _split(data: bytes) -> list[memoryview]:
     view = memoryview(data)
     out, pos = [], 0
@@ -232,7 +280,8 @@ def _split(data: bytes) -> list[memoryview]:
 def run(ctx: ChildContext) -> None:
     objects = MeteredObjectStore(open_object_store(ctx.config))
     objects.check()
-    flusher = Flusher(ctx, objects)
+    store = open_metadata_store(ctx.config)
+    flusher = Flusher(ctx, objects, store)
     server = RpcServer(ctx.zmq_context, ctx.address())
     done: queue.SimpleQueue[tuple[Incoming, messages.Message]] = queue.SimpleQueue()
     wake_pull = ctx.zmq_context.socket(zmq.PULL)
@@ -280,4 +329,5 @@ def run(ctx: ChildContext) -> None:
         flusher.close()
         server.close()
         wake_pull.close(linger=0)
+        store.close()
         objects.close()

@@ -8,7 +8,10 @@ re-opens streams in a tight loop while etcd is down). Invariants:
 
 - Every gRPC failure becomes a ``MetadataStoreError``: UNAVAILABLE and DEADLINE_EXCEEDED become
   ``MetadataStoreUnavailable`` naming the endpoint; "lease not found" becomes ``LeaseExpired``.
-  Every call carries the store's deadline, so nothing hangs on a dead etcd.
+  Every call carries the store's deadline (``KAFSCALE_ETCD_TIMEOUT_MS``), so nothing hangs on a
+  dead or paused etcd. The first call that finds etcd unavailable opens an ``OutageGate``: later
+  calls fail at once until a background probe (``check``) gets an answer; ``check`` and the
+  watches always go to the server.
 - Our ``start_revision`` means "after"; etcd's means "from", so watches ask for ``after + 1``.
 - Each watch owns one gRPC stream and one thread. A broken stream (etcd restarted, network blip)
   is re-opened with backoff from the revision after the last delivered event, so no event is lost
@@ -49,6 +52,7 @@ from kafscale.metadata.store import (
     TxnResult,
     WatchEvent,
 )
+from kafscale.outage import OutageGate
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +279,7 @@ class EtcdMetadataStore:
             raise ValueError("EtcdMetadataStore needs at least one endpoint")
         self._timeout = timeout
         self._watches: set[EtcdWatch] = set()
+        self._gate = OutageGate("etcd", self.check, MetadataStoreUnavailable)
         failures: list[str] = []
         for endpoint in endpoints:
             host, port = parse_endpoint(endpoint)
@@ -307,10 +312,14 @@ class EtcdMetadataStore:
         return MetadataStoreError(f"etcd at {self._endpoint}: {name}: {details}")
 
     def _call(self, rpc: Callable[[], T]) -> T:
+        self._gate.admit()
         try:
             return rpc()
         except grpc.RpcError as exc:
-            raise self._error(exc) from exc
+            error = self._error(exc)
+            if isinstance(error, MetadataStoreUnavailable):
+                self._gate.failed(error)
+            raise error from exc
 
     def _range(self, request: Any) -> Any:
         return self._call(lambda: self._client.kvstub.Range(request, self._timeout))
@@ -381,11 +390,13 @@ class EtcdMetadataStore:
         return watch
 
     def check(self) -> None:
-        self._call(
-            lambda: self._client.maintenancestub.Status(etcdrpc.StatusRequest(), self._timeout)
-        )
+        try:
+            self._client.maintenancestub.Status(etcdrpc.StatusRequest(), self._timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from exc
 
     def close(self) -> None:
+        self._gate.close()
         for watch in list(self._watches):
             watch.cancel()
         self._client.close()

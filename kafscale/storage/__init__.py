@@ -42,5 +42,6 @@ def open_object_store(config: Config) -> ObjectStore:
             path_style=config.s3_path_style,
             access_key=config.s3_access_key or None,
             secret_key=config.s3_secret_key or None,
+            timeout=config.s3_timeout_ms / 1000,
         )
     return LocalObjectStore(os.path.join(config.data_dir, "segments"))

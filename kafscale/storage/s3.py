@@ -15,6 +15,10 @@ Invariants:
   counts as ours (True).
 - Missing keys raise ``ObjectNotFound``; unreachable endpoints, rejected credentials, a missing
   bucket and server-side failures raise ``ObjectStoreUnavailable`` naming endpoint and bucket.
+- Every request is bounded: ``timeout`` (``KAFSCALE_S3_TIMEOUT_MS``) to connect and for each
+  read of the answer, and two attempts, so a paused or silent endpoint fails a call within about
+  twice the timeout. The first such failure opens an ``OutageGate``: later calls fail at once
+  until a background probe (``check``) gets an answer again. ``check`` always asks the server.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from kafscale.outage import OutageGate
 from kafscale.storage.objects import (
     DELETE_BATCH,
     ObjectInfo,
@@ -62,6 +67,16 @@ _CHECK_READ_TIMEOUT = 4.0
 _CHECK_MAX_ATTEMPTS = 2
 
 
+def _is_outage(exc: Exception) -> bool:
+    """A failure that says the server is unreachable or failing (a timeout, a refused or broken
+    connection, a 5xx), not that our configuration is wrong (credentials, a missing bucket)."""
+    if isinstance(exc, ClientError):
+        return _status(exc) >= 500 or _error_code(exc) in ("SlowDown", "RequestTimeout")
+    return isinstance(exc, BotoCoreError) and not isinstance(
+        exc, NoCredentialsError | PartialCredentialsError
+    )
+
+
 def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -81,9 +96,8 @@ class S3ObjectStore:
         path_style: bool,
         access_key: str | None,
         secret_key: str | None,
-        connect_timeout: float = 5,
-        read_timeout: float = 30,
-        max_attempts: int = 3,
+        timeout: float = 10,
+        max_attempts: int = 2,
         max_pool_connections: int = 32,
     ) -> None:
         self._bucket = bucket
@@ -98,12 +112,17 @@ class S3ObjectStore:
         # default session, which is not thread-safe.
         session = boto3.session.Session()
         self._client = self._make_client(
-            session, connect_timeout, read_timeout, max_attempts, max_pool_connections
+            session, timeout, timeout, max_attempts, max_pool_connections
         )
         self._check_client = self._make_client(
-            session, _CHECK_CONNECT_TIMEOUT, _CHECK_READ_TIMEOUT, _CHECK_MAX_ATTEMPTS, 1
+            session,
+            min(timeout, _CHECK_CONNECT_TIMEOUT),
+            min(timeout, _CHECK_READ_TIMEOUT),
+            _CHECK_MAX_ATTEMPTS,
+            1,
         )
         self._endpoint = self._client.meta.endpoint_url
+        self._gate = OutageGate("s3", self.check, ObjectStoreUnavailable)
 
     def _make_client(
         self,
@@ -140,7 +159,16 @@ class S3ObjectStore:
         return f"S3 endpoint {self._endpoint} (bucket {self._bucket!r})"
 
     def _raise(self, action: str, key: str, exc: Exception) -> NoReturn:
-        """Translate a boto3 failure into the object store's exceptions."""
+        """Translate a boto3 failure into the object store's exceptions; an unavailable server
+        opens the outage gate."""
+        try:
+            self._translate(action, key, exc)
+        except ObjectStoreUnavailable as unavailable:
+            if _is_outage(exc):
+                self._gate.failed(unavailable)
+            raise
+
+    def _translate(self, action: str, key: str, exc: Exception) -> NoReturn:
         if isinstance(exc, ClientError):
             code, status = _error_code(exc), _status(exc)
             if code in _NOT_FOUND:
@@ -159,6 +187,7 @@ class S3ObjectStore:
         raise ObjectStoreUnavailable(f"{self._where()} is unreachable: {exc}") from exc
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        self._gate.admit()
         body = data if isinstance(data, bytes) else bytes(data)
         try:
             self._client.put_object(Bucket=self._bucket, Key=key, Body=body, IfNoneMatch="*")
@@ -183,6 +212,7 @@ class S3ObjectStore:
             raise ValueError(f"invalid range start={start} length={length}")
         if length == 0:
             return b""
+        self._gate.admit()
         byte_range = ""
         if length is not None:
             byte_range = f"bytes={start}-{start + length - 1}"
@@ -205,12 +235,14 @@ class S3ObjectStore:
             self._raise("read", key, exc)
 
     def size(self, key: str) -> int:
+        self._gate.admit()
         try:
             return self._client.head_object(Bucket=self._bucket, Key=key)["ContentLength"]
         except (ClientError, BotoCoreError) as exc:
             self._raise("stat", key, exc)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
+        self._gate.admit()
         found: list[ObjectInfo] = []
         try:
             paginator = self._client.get_paginator("list_objects_v2")
@@ -225,6 +257,7 @@ class S3ObjectStore:
         return found
 
     def delete(self, key: str) -> None:
+        self._gate.admit()
         try:
             self._client.delete_object(Bucket=self._bucket, Key=key)
         except ClientError as exc:
@@ -235,6 +268,7 @@ class S3ObjectStore:
 
     def delete_many(self, keys: Sequence[str]) -> None:
         for start in range(0, len(keys), DELETE_BATCH):
+            self._gate.admit()
             batch = keys[start : start + DELETE_BATCH]
             objects: Any = [{"Key": key} for key in batch]
             try:
@@ -273,5 +307,6 @@ class S3ObjectStore:
             self._raise("check the bucket", "", exc)
 
     def close(self) -> None:
+        self._gate.close()
         self._client.close()
         self._check_client.close()

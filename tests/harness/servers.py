@@ -4,6 +4,7 @@ A `ManagedServer` keeps its data directory and ports across `stop()`/`start()` (
 same server), appends every run's output to one log file and shows that log's tail whenever it
 fails to start. Subclasses say how to run the server (`argv`, `env`) and how to tell it is up
 (`probe`). A first start that loses a port race is retried on fresh ports (`pick_ports`).
+A test can also pause a server (SIGSTOP: it keeps its sockets and answers nothing) and resume it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.harness.procs import HarnessError, address_in_use, log_tail, wait_until
@@ -32,6 +34,19 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return exc.code
     except (OSError, ValueError):
         return None
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in state T (stopped), per /proc."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return bool(states) and all(state == "T" for state in states)
 
 
 class ManagedServer:
@@ -102,6 +117,38 @@ class ManagedServer:
         """SIGKILL, as in a crash, and wait. Returns the exit code."""
         return self._signal(signal.SIGKILL, STOP_TIMEOUT)
 
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its sockets (the kernel still accepts connections into the
+        listen backlog) but answers nothing -- a hung server, not a dead one."""
+        if not self.running:
+            raise HarnessError(f"{self.name} is not running")
+        os.kill(self._pid(), signal.SIGSTOP)
+        # The signal stops every thread, but not at once: until then a request may be served.
+        wait_until(
+            lambda: True if _all_threads_stopped(self._pid()) else None,
+            timeout=STOP_TIMEOUT,
+            what=f"{self.name} to stop on SIGSTOP",
+            interval=0.01,
+        )
+
+    def resume(self) -> None:
+        """SIGCONT after `pause`."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._pid(), signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Paused for the block; resumed however the block ends (session fixtures are shared)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def _pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
     def ensure_running(self) -> None:
         """Start again if a test left the server stopped (session fixtures are shared)."""
         __tracebackhide__ = True
@@ -170,5 +217,6 @@ class ManagedServer:
 
     def close(self) -> None:
         """Session end: stop if running, escalating to SIGKILL."""
+        self.resume()  # a paused server would sit out the whole SIGTERM timeout
         if self.running:
             self.stop()
