@@ -422,20 +422,6 @@ SETTINGS: tuple[Setting, ...] = (
         _int_in(100, 600_000),
         "How long a child process or backend may take to come up before serve fails",
     ),
-)
-
-SETTINGS_BY_FIELD = {setting.field: setting for setting in SETTINGS}
-
-
-@dataclass(frozen=True)
-class Config:
-    broker_host: str
-    broker_port: int
-    advertised_host: str
-    max_connections: int
-    max_connections_per_ip: int
-    max_connections_per_ip_overrides: tuple[tuple[str, int], ...]
-    connections_max_idle_ms: int
     Setting(
         "child_hang_timeout_ms",
         "60000",
@@ -456,6 +442,20 @@ class Config:
         _int_in(100, 600_000),
         "Deadline of one etcd call; etcd counts as unavailable after that",
     ),
+)
+
+SETTINGS_BY_FIELD = {setting.field: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Config:
+    broker_host: str
+    broker_port: int
+    advertised_host: str
+    max_connections: int
+    max_connections_per_ip: int
+    max_connections_per_ip_overrides: tuple[tuple[str, int], ...]
+    connections_max_idle_ms: int
     connection_max_in_flight_requests: int
     connection_max_in_flight_bytes: int
     metrics_port: int
@@ -492,6 +492,9 @@ class Config:
     shards: int
     log_level: str
     boot_timeout_ms: int
+    child_hang_timeout_ms: int
+    s3_timeout_ms: int
+    etcd_timeout_ms: int
 
     @property
     def advertised_listener_host(self) -> str:
@@ -508,9 +511,6 @@ class Config:
     @property
     def uses_etcd(self) -> bool:
         return bool(self.etcd_endpoints)
-    child_hang_timeout_ms: int
-    s3_timeout_ms: int
-    etcd_timeout_ms: int
 
     def public_dict(self) -> dict[str, Any]:
         """The effective configuration with secrets masked, for the startup log line."""
