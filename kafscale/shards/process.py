@@ -33,7 +33,7 @@ from kafscale.protocol import records as batches
 from kafscale.protocol import validate
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards.loading import PartitionLoader
-from kafscale.shards.partition import PartitionLog, StaleTopic
+from kafscale.shards.partition import BufferedSegment, PartitionLog, StaleTopic
 from kafscale.shards.reader import ReadPath
 from kafscale.storage import open_object_store
 from kafscale.storage.metered import MeteredObjectStore
@@ -358,22 +358,7 @@ class Shard:
         segment = partition.next_flush()
         if segment is None:
             return
-        request = messages.FlushSegment(
-            buffer=segment.buffer.name,
-            generation=segment.buffer.generation,
-            size=segment.size,
-            topic=partition.topic,
-            topic_id=partition.topic_id,
-            partition=partition.partition,
-            base_offset=segment.base_offset,
-            last_offset=segment.last_offset,
-            records=segment.records,
-            max_timestamp=segment.max_timestamp,
-            created_ms=segment.sealed_ms,
-            codec=segment.codec,
-            producers=segment.producers,
-            topic_created_ms=state.topic_created_ms,
-        )
+        request = flush_request(partition, segment, state.topic_created_ms)
         state.in_flight = segment.base_offset
         state.sent_ms = now
         state.attempt += 1
@@ -497,6 +482,29 @@ class Shard:
         self.server.close()
         self.flusher.close(linger=0)
         self.coordinator.close()
+
+
+def flush_request(
+    partition: PartitionLog, segment: BufferedSegment, topic_created_ms: int
+) -> messages.FlushSegment:
+    """What the flusher gets for a sealed buffer: everything in it comes from the buffer as
+    sealed, so a successor that adopted the buffer asks for the very same segment."""
+    return messages.FlushSegment(
+        buffer=segment.buffer.name,
+        generation=segment.buffer.generation,
+        size=segment.size,
+        topic=partition.topic,
+        topic_id=partition.topic_id,
+        partition=partition.partition,
+        base_offset=segment.base_offset,
+        last_offset=segment.last_offset,
+        records=segment.records,
+        max_timestamp=segment.max_timestamp,
+        created_ms=segment.sealed_ms,
+        codec=segment.codec,
+        producers=segment.producers,
+        topic_created_ms=topic_created_ms,
+    )
 
 
 def _error(code: ErrorCode, message: str | None) -> messages.AppendResult:
