@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from kafscale.config import SETTINGS
 from tests.harness.etcd import EtcdServer
 from tests.harness.minio import MinioServer
 from tests.harness.procs import (
@@ -51,6 +52,8 @@ STOP_TIMEOUT = 30.0
 # How long children may take to vanish after the supervisor exited (e.g. multiprocessing's
 # resource tracker, which exits when its last user closes the pipe).
 LEFTOVER_GRACE = 5.0
+# Not written to the broker's log by the harness either, so a test can check the whole log.
+CREDENTIAL_VARIABLES = frozenset(s.env for s in SETTINGS if s.secret)
 
 
 class BrokerProcess:
@@ -86,7 +89,8 @@ class BrokerProcess:
     def _launch(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
             self._launch_offset = log.tell()
-            log.write(f"=== harness: starting {' '.join(self._argv)} with {self.env}\n".encode())
+            shown = {k: "***" if k in CREDENTIAL_VARIABLES else v for k, v in self.env.items()}
+            log.write(f"=== harness: starting {' '.join(self._argv)} with {shown}\n".encode())
             log.flush()
             return subprocess.Popen(
                 list(self._argv),

@@ -29,7 +29,8 @@ def find_minio() -> Path:
 
 class MinioServer(ManagedServer):
     name = "minio"
-    access_key = "kafscale-test"
+    # Unlike any bucket name or path: the broker masks its credentials wherever they appear.
+    access_key = "minio-access-7c1d"
     secret_key = "kafscale-test-secret"
     region = "us-east-1"
 

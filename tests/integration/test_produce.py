@@ -349,12 +349,17 @@ def test_recreated_topic_never_shows_old_records(running_broker: Any) -> None:
 
 
 def test_explicit_flush_commits_everything_now(start_broker: Callable[..., Any]) -> None:
+    import os
     import subprocess
     import sys
 
     from kafka import KafkaProducer
 
-    broker = start_broker(env={"KAFSCALE_FLUSH_INTERVAL_MS": "3600000"})  # no timer flush
+    token = "explicit-flush-admin-token"
+    # No timer flush; the admin token is what POST /flush requires.
+    broker = start_broker(
+        env={"KAFSCALE_FLUSH_INTERVAL_MS": "3600000", "KAFSCALE_ADMIN_TOKEN": token}
+    )
     broker.wait_ready()
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1)
     try:
@@ -376,6 +381,7 @@ def test_explicit_flush_commits_everything_now(start_broker: Callable[..., Any])
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "KAFSCALE_ADMIN_TOKEN": token},
     )
     assert result.returncode == 0, result.stderr
     assert '"flushed": true' in result.stdout
