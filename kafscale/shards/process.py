@@ -120,7 +120,7 @@ class Shard:
             if self.flusher in events:
                 self._drain_flush_replies()
             if self.reads.wakeup_fd in events:
-                self.reads.on_completions()
+                self._complete_reads()
             self._tick(now_ms())
         self._drain_on_shutdown()
 
@@ -135,6 +135,17 @@ class Shard:
                 if not isinstance(incoming.message, NOTICES):
                     error = f"the shard failed to serve {name}: {type(exc).__name__}"
                     self.server.reply(incoming, messages.ErrorReply(message=error))
+
+    def _complete_reads(self) -> None:
+        """Finish the object-store reads that completed; one whose completion raises costs
+        its own request (left to time out at the frontend), never the others or the shard."""
+        while True:
+            try:
+                self.reads.on_completions()
+                return
+            except Exception:
+                # on_completions took the failing read off its queue: call it again for the rest
+                log.exception("finishing a read failed")
 
     def _serve(self, incoming: Incoming) -> None:
         message = incoming.message

@@ -23,6 +23,7 @@ from kafscale.shards.partition import PartitionLog
 from kafscale.shards.process import Shard
 from kafscale.storage.local import LocalObjectStore
 from kafscale.supervisor.child import ChildContext
+from tests.harness.procs import wait_until
 
 TOPIC, TOPIC_ID = "events", str(uuid.UUID(int=3))
 
@@ -146,3 +147,19 @@ def test_a_failing_partition_costs_only_its_own_result(
     assert isinstance(reply, messages.Appended)
     # partition 1 gave out no offset for the failed batch; partition 0 carries on after its own
     assert [(r.error_code, r.base_offset) for r in reply.results] == [(0, 0), (0, 1)]
+
+
+def test_a_read_completion_that_raises_does_not_stop_the_others(rig: Rig) -> None:
+    finished: list[int] = []
+
+    def done(result: Any, error: BaseException | None) -> None:
+        if result == 1:
+            raise RuntimeError("a bug while answering a read")
+        finished.append(result)
+
+    for n in (1, 2, 3):
+        rig.shard.reads._submit(lambda n=n: n, (), done)  # reads done on the reader threads
+    completed = rig.shard.reads._done
+    wait_until(lambda: True if completed.qsize() == 3 else None, timeout=10, what="the reads")
+    rig.shard._complete_reads()
+    assert sorted(finished) == [2, 3]
