@@ -13,7 +13,8 @@ flushed like any sealed buffer (a re-flush of a segment the predecessor's flush 
 or committed builds the same bytes and is answered "committed").
 
 Containment: an exception while serving one request is logged and answered with an error (for
-an Append, per partition), and the loop goes on; it never takes the shard down.
+an Append, per partition), and the loop goes on; so does one while finishing a read that
+completed on a reader thread (that request is left to time out). Neither takes the shard down.
 """
 
 from __future__ import annotations
