@@ -82,6 +82,11 @@ BACKEND_UP = Gauge(
 RECORDS_PRODUCED = Counter("kafscale_produced_records", "Records appended to partition buffers")
 BYTES_PRODUCED = Counter("kafscale_produced_bytes", "Batch bytes appended to partition buffers")
 BATCHES_REJECTED = Counter("kafscale_batches_rejected", "Produce batches refused", ["reason"])
+READ_FAULTS = Counter(
+    "kafscale_read_faults",
+    "Stored batches or segments a read path could not read (that request or segment got an error)",
+    ["path"],
+)
 BUFFER_BYTES = Gauge(
     "kafscale_buffer_bytes",
     "Unflushed bytes held by a shard",

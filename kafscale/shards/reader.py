@@ -50,8 +50,9 @@ from kafscale.shards import reads
 from kafscale.shards.cache import ByteLRU, Chunk
 from kafscale.shards.partition import LEADER_EPOCH, PartitionLog, StaleTopic
 from kafscale.shards.reads import SegmentRef
+from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
-from kafscale.storage.segment import CorruptSegment, Index
+from kafscale.storage.segment import CorruptBatch, CorruptSegment, Index
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class ReadPath:
         self.namespace = config.s3_namespace
         self.unflushed = config.fetch_unflushed
         self.readahead = config.readahead_segments
+        self.decompression_factor = config.max_decompression_factor
+        self._faults = FaultLog(log, "shard", metrics.READ_FAULTS.labels("shard").inc)
         self.objects = objects
         self.server = server
         self.partition_for = partition_for
@@ -251,7 +254,7 @@ class ReadPath:
         def done(result: tuple[Index | None, Chunk] | None, error: BaseException | None) -> None:
             op.reading -= 1
             if result is None:
-                self._read_failed(part, ref, error)
+                self._read_failed(part, ref.key, error)
             else:
                 fetched_index, chunk = result
                 if index is None and fetched_index is not None:
@@ -361,60 +364,95 @@ class ReadPath:
 
     def _search(self, op: ListOp, i: int, partition: PartitionLog, timestamp: int) -> None:
         """Find the first record with a timestamp >= ``timestamp`` (MAX_TIMESTAMP: the first
-        record with the largest timestamp); whole segments are read, the one that holds it."""
+        record with the largest timestamp); whole segments are read, the one that holds it.
+        Records are decoded on a reader thread, never on the shard's loop: a batch that does not
+        decode is CORRUPT_MESSAGE for this partition (as Kafka answers), nothing more."""
         find_max = timestamp == MAX_TIMESTAMP
         segments = partition.segments
         segment = segments.max_timestamp() if find_max else segments.first_reaching(timestamp)
         buffered = [] if not self.unflushed else [*partition.sealed]
         if self.unflushed and partition.open is not None:
             buffered.append(partition.open)
+        where = f"{partition.topic}-{partition.partition}"
         if find_max:
             best = segment.max_timestamp if segment is not None else -1
             later = [b for b in buffered if b.max_timestamp > best and b.size]
             if later:
                 top = max(b.max_timestamp for b in later)
                 first = next(b for b in later if b.max_timestamp == top)
-                op.answers[i] = _in_chunk(first.whole(), top, exact=True)
+                self._search_chunk(op, i, first.whole(), top, True, f"{where} buffer")
                 return
             target = best
         else:
             target = timestamp
             if segment is None:
                 reaching = [b for b in buffered if b.max_timestamp >= timestamp and b.size]
-                op.answers[i] = (
-                    _in_chunk(reaching[0].whole(), timestamp, exact=False)
-                    if reaching
-                    else messages.OffsetAnswer()
-                )
+                if reaching:
+                    self._search_chunk(op, i, reaching[0].whole(), timestamp, False, where)
+                else:
+                    op.answers[i] = messages.OffsetAnswer()
                 return
         if segment is None:
             op.answers[i] = messages.OffsetAnswer()
             return
         key = (partition.topic_id, partition.partition, segment.base_offset)
+        ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, segment)
         chunk = self._cached(key, segment.base_offset, whole=True)
         if chunk is not None:
-            op.answers[i] = _in_chunk(chunk, target, exact=find_max)
+            self._search_chunk(op, i, chunk, target, find_max, ref.key)
             return
         failed = Part(0, 0)
         if self._refused(failed):
             op.answers[i] = _error(failed.error, failed.message)
             return
-        ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, segment)
 
-        def done(result: Chunk | None, error: BaseException | None) -> None:
-            op.reading -= 1
-            if result is None:
-                self._read_failed(failed, ref, error)
-                op.answers[i] = _error(failed.error, failed.message)
-            else:
+        def done(
+            result: tuple[Chunk, tuple[int, int] | None] | None, error: BaseException | None
+        ) -> None:
+            if result is not None:
                 self._healthy()
-                self._store(key, result)
-                op.answers[i] = _in_chunk(result, target, exact=find_max)
-            if op.reading == 0:
-                self.server.reply(op.incoming, messages.OffsetsListed(results=op.answers))
+                self._store(key, result[0])
+            self._searched(op, i, ref.key, None if result is None else result[1], error)
 
         op.reading += 1
-        self._submit(reads.read_segment, (self.objects, ref), done)
+        args = (self.objects, ref, target, find_max, self.decompression_factor)
+        self._submit(reads.search_segment, args, done)
+
+    def _search_chunk(
+        self, op: ListOp, i: int, chunk: Chunk, target: int, exact: bool, where: str
+    ) -> None:
+        def done(result: tuple[int, int] | None, error: BaseException | None) -> None:
+            self._searched(op, i, where, result, error)
+
+        op.reading += 1
+        args = (chunk, target, exact, self.decompression_factor, where)
+        self._submit(reads.find_timestamp, args, done)
+
+    def _searched(
+        self,
+        op: ListOp,
+        i: int,
+        where: str,
+        found: tuple[int, int] | None,
+        error: BaseException | None,
+    ) -> None:
+        op.reading -= 1
+        if isinstance(error, CorruptBatch):
+            self._faults.report(where, str(error), api="ListOffsets")
+            op.answers[i] = _error(ErrorCode.corrupt_message, str(error))
+        elif error is not None:
+            failed = Part(0, 0)
+            self._read_failed(failed, where, error)
+            op.answers[i] = _error(failed.error, failed.message)
+        elif found is not None:
+            offset, timestamp = found
+            op.answers[i] = messages.OffsetAnswer(
+                offset=offset, timestamp=timestamp, leader_epoch=LEADER_EPOCH
+            )
+        else:
+            op.answers[i] = messages.OffsetAnswer()
+        if op.reading == 0:
+            self.server.reply(op.incoming, messages.OffsetsListed(results=op.answers))
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -483,7 +521,7 @@ class ReadPath:
             self._prefetching.discard(key)
             if result is None:
                 metrics.READAHEADS.labels("failed").inc()
-                self._read_failed(Part(0, 0), ref, error)
+                self._read_failed(Part(0, 0), ref.key, error)
             else:
                 metrics.READAHEADS.labels("done").inc()
                 self._store(key, result)
@@ -501,11 +539,11 @@ class ReadPath:
             self._probing = True  # this read finds out whether the store is back
         return False
 
-    def _read_failed(self, part: Part, ref: SegmentRef, error: BaseException | None) -> None:
+    def _read_failed(self, part: Part, key: str, error: BaseException | None) -> None:
         part.error = ErrorCode.kafka_storage_error
         self._probing = False  # whatever the probe found, the next read may probe again
         if isinstance(error, ObjectStoreError) and not isinstance(error, ObjectNotFound):
-            part.message = f"cannot read {ref.key}: {error}"
+            part.message = f"cannot read {key}: {error}"
             if not self._degraded:
                 log.error("object store read failed: refusing reads that need it", exc_info=error)
             self._degraded, self._probing = True, False
@@ -513,11 +551,11 @@ class ReadPath:
             metrics.S3_READ_HEALTHY.labels(self.label).set(0)
         elif isinstance(error, (CorruptSegment, ObjectNotFound, records.CorruptRecordBatch)):
             part.message = f"committed data cannot be read: {error}"
-            log.error("committed segment unreadable", extra={"key": ref.key, "error": str(error)})
+            self._faults.report(key, str(error))
         else:
             part.error = ErrorCode.unknown_server_error
-            part.message = f"reading {ref.key} failed: {error!r}"
-            log.error("read failed", exc_info=error, extra={"key": ref.key})
+            part.message = f"reading {key} failed: {error!r}"
+            log.error("read failed", exc_info=error, extra={"key": key})
 
     def _healthy(self) -> None:
         if self._degraded:
@@ -560,17 +598,3 @@ def _found(offset: int) -> messages.OffsetAnswer:
 
 def _error(code: ErrorCode, message: str | None) -> messages.OffsetAnswer:
     return messages.OffsetAnswer(error_code=int(code), message=message)
-
-
-def _in_chunk(chunk: Chunk, timestamp: int, exact: bool) -> messages.OffsetAnswer:
-    """The first record of ``chunk`` whose timestamp is >= ``timestamp`` (== with ``exact``)."""
-    for i in range(len(chunk.starts)):
-        batch = chunk.batch_bytes(i)
-        if records.read_header(batch).max_timestamp < timestamp:
-            continue
-        for record in records.iter_records(batch):
-            if record.timestamp == timestamp or (not exact and record.timestamp > timestamp):
-                return messages.OffsetAnswer(
-                    offset=record.offset, timestamp=record.timestamp, leader_epoch=LEADER_EPOCH
-                )
-    return messages.OffsetAnswer()

@@ -8,9 +8,12 @@ their arguments, and hand back values the shard's loop puts into its caches.
   at or before the offset, a window of about ``max_bytes``; more only when the batch holding the
   offset is not complete in it (a batch larger than the window, or an index entry far behind).
 - ``read_segment``: a whole segment (read-ahead, timestamp lookups), every CRC verified.
+- ``find_timestamp`` / ``search_segment``: ListOffsets by timestamp, the first record at or past a
+  timestamp in a chunk (decoding records, decompression bounded by ``compression.read_limit``).
 
 Every batch handed out has had its CRC32C checked: a segment corrupted at rest is reported as
-``CorruptSegment`` naming the object, never served.
+``CorruptSegment`` naming the object, never served. A batch whose records do not decode is
+``CorruptBatch`` naming the batch: that lookup fails, the shard goes on.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from dataclasses import dataclass
 
 from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol import records
+from kafscale.protocol.compression import CorruptCompressedData, read_limit
+from kafscale.protocol.records import CorruptRecordBatch
 from kafscale.shards.cache import Chunk
 from kafscale.storage import segment as segments
 from kafscale.storage.objects import ObjectStore
-from kafscale.storage.segment import CorruptSegment, Index
+from kafscale.storage.segment import CorruptBatch, CorruptSegment, Index
 
 MIN_WINDOW = 64 * 1024  # a ranged GET smaller than this costs about as much as this
 INDEX_SLACK = 32 * 1024  # index entries are ~100 records apart: the target is a bit further on
@@ -123,24 +128,63 @@ def _extend(objects: ObjectStore, ref: SegmentRef, start: int, buf: bytes, more:
 
 
 def _chunk(ref: SegmentRef, position: int, data: memoryview) -> Chunk:
-    """The whole batches at the start of ``data`` (read from ``position``), CRCs checked."""
+    """The whole batches at the start of ``data`` (read from ``position``), CRCs checked. A
+    batch that is not sound ends the chunk there; it is an error only when it comes first, so
+    the batches before it are still served and only a fetch of its own offsets fails."""
     starts: list[int] = []
     lasts: list[int] = []
     end = 0
+    fault = ""
     while end + segments.BATCH_HEADER_SIZE <= len(data):
         header = records.read_header(data, end)
-        if header.magic != 2 or end + header.size > len(data):
+        where = f"{ref.key}: batch at position {position + end}"
+        if header.magic != 2 or header.size < segments.BATCH_HEADER_SIZE:
+            fault = f"{where}: no record batch (magic {header.magic}, {header.size} bytes)"
             break
+        if end + header.size > len(data):
+            break  # the end of the window
         batch = data[end : end + header.size]
         if segments.batch_crc(batch) != header.crc:
-            raise CorruptSegment(
-                f"{ref.key}: batch at position {position + end} "
-                f"(offsets {header.base_offset}..{header.last_offset}) fails its CRC32C"
+            fault = (
+                f"{where} (offsets {header.base_offset}..{header.last_offset}) fails its CRC32C"
             )
+            break
         starts.append(end)
         lasts.append(header.last_offset)
         end += header.size
     if not starts:
-        raise CorruptSegment(f"{ref.key}: no whole batch at position {position}")
+        raise CorruptSegment(fault or f"{ref.key}: no whole batch at position {position}")
     first = records.read_header(data, 0).base_offset
     return Chunk(data[:end], first, tuple(starts), tuple(lasts), complete=False)
+
+
+def search_segment(
+    objects: ObjectStore, ref: SegmentRef, timestamp: int, exact: bool, factor: int
+) -> tuple[Chunk, tuple[int, int] | None]:
+    """The whole segment (for the cache) and ``find_timestamp`` in it."""
+    chunk = read_segment(objects, ref)
+    return chunk, find_timestamp(chunk, timestamp, exact, factor, ref.key)
+
+
+def find_timestamp(
+    chunk: Chunk, timestamp: int, exact: bool, factor: int, where: str
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record whose timestamp is >= ``timestamp`` (== with
+    ``exact``), or None. Only batches whose max_timestamp reaches it are decoded, each to at most
+    ``factor`` times max(Kafka's max.message.bytes, its size). Raises ``CorruptBatch`` naming the
+    batch (in ``where``) whose records do not decode."""
+    for i in range(len(chunk.starts)):
+        batch = chunk.batch_bytes(i)
+        header = records.read_header(batch)
+        if header.max_timestamp < timestamp:
+            continue
+        try:
+            for record in records.iter_records(batch, read_limit(len(batch), factor)):
+                if record.timestamp == timestamp or (not exact and record.timestamp > timestamp):
+                    return record.offset, record.timestamp
+        except (CorruptRecordBatch, CorruptCompressedData) as exc:
+            raise CorruptBatch(
+                f"{where}: batch of offsets {header.base_offset}..{header.last_offset} "
+                f"does not decode: {exc}"
+            ) from None
+    return None

@@ -83,6 +83,11 @@ class CorruptSegment(Exception):
     """A segment or index that fails to parse or verify; the message says what and where."""
 
 
+class CorruptBatch(CorruptSegment):
+    """A batch whose framing and CRC are sound but whose records do not decode (or decompress
+    past the bound): stored by something that did not validate it. The message names it."""
+
+
 class BatchSpan(NamedTuple):
     """Where one batch lies in a segment (``position`` from the start of the object)."""
 
