@@ -271,7 +271,11 @@ def _split(data: bytes) -> list[memoryview]:
     view = memoryview(data)
     out, pos = [], 0
     while pos < len(view):
+        if len(view) - pos < records.HEADER.size:
+            raise FlushError(f"the buffer ends inside a batch header at position {pos}")
         size = records.read_header(view, pos).size
+        if size < records.HEADER.size or pos + size > len(view):
+            raise FlushError(f"the buffer's batch at position {pos} does not frame ({size} bytes)")
         out.append(view[pos : pos + size])
         pos += size
     return out
