@@ -268,6 +268,8 @@ def _failed(job: messages.FlushSegment, error: str, storage_error: bool) -> mess
 
 
 def _split(data: bytes) -> list[memoryview]:
+    """The batches of a sealed buffer. The shard validated each one, so a length that does not
+    frame (shared memory damaged under us) is a failed flush the shard retries, never a loop."""
     view = memoryview(data)
     out, pos = [], 0
     while pos < len(view):
