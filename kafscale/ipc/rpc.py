@@ -5,6 +5,7 @@ requests in flight and replies are matched by request id, not by order. Frames (
 ``kafscale.ipc.messages`` for the layout) after the header are bulk bytes, sent without copying.
 Peers come and go (a restarted shard re-binds the same ipc:// path and ZeroMQ reconnects on its
 own); a request to an absent peer fails fast with ``PeerUnavailable`` instead of queueing.
+Errors name the peer (``shard-0``), not its socket's path: their text may reach a Kafka client.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import struct
 import threading
 import time
@@ -33,6 +35,13 @@ Bulk = Sequence[bytes | memoryview | zmq.Frame]
 
 class RpcError(Exception):
     """A request failed in transport (not a Kafka-level error)."""
+
+
+def peer_name(address: str) -> str:
+    """``ipc:///run/dir/shard-0.sock`` -> ``shard-0``: the runtime directory is the broker's own."""
+    if address.startswith("ipc://"):
+        return os.path.basename(address).removesuffix(".sock")
+    return address
 
 
 class PeerUnavailable(RpcError):
@@ -128,6 +137,7 @@ class RpcClient:
 
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
         self.address = address
+        self.peer = peer_name(address)
         self.socket: zmq.Socket[bytes] = context.socket(zmq.DEALER)
         _configure(self.socket)
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
@@ -143,7 +153,7 @@ class RpcClient:
         # IMMEDIATE: nothing queues for a peer that is not connected; a fresh or reconnecting
         # socket gets the timeout to (re)establish the connection before we give up.
         if not self.socket.poll(timeout_ms, zmq.POLLOUT):
-            raise PeerUnavailable(f"nothing listens on {self.address}")
+            raise PeerUnavailable(f"nothing listens on {self.peer}")
         self._drain_disconnects()  # old news: they happened before this request was sent
         self.socket.send_multipart([request_id, messages.encode(message), *bulk], copy=False)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -158,8 +168,8 @@ class RpcClient:
                 # A request sent as the peer died (before ZeroMQ noticed) is lost with the
                 # connection: say so now rather than at the timeout.
                 self._drain_disconnects()
-                raise PeerUnavailable(f"{self.address} went away")
-        raise RpcTimeout(f"no reply from {self.address} within {timeout_ms} ms")
+                raise PeerUnavailable(f"{self.peer} went away")
+        raise RpcTimeout(f"no reply from {self.peer} within {timeout_ms} ms")
 
     def _drain_disconnects(self) -> None:
         while self._monitor.poll(0, zmq.POLLIN):
@@ -191,6 +201,7 @@ class AsyncRpcClient:
 
     def __init__(self, context: zmq.asyncio.Context, address: str) -> None:
         self.address = address
+        self.peer = peer_name(address)
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(context.underlying)
         self.socket: zmq.Socket[bytes] = self._context.socket(zmq.DEALER)
         _configure(self.socket)
@@ -238,7 +249,7 @@ class AsyncRpcClient:
                 break
             except zmq.Again:
                 if time.monotonic() + pause > deadline:
-                    raise PeerUnavailable(f"nothing listens on {self.address}") from None
+                    raise PeerUnavailable(f"nothing listens on {self.peer}") from None
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.05)
         self._drain()  # the send may have consumed the FD's signal of a reply waiting
@@ -254,12 +265,12 @@ class AsyncRpcClient:
             try:
                 future.set_result(Reply(messages.decode(frames[1].buffer), frames[2:]))
             except msgspec.DecodeError as exc:
-                future.set_exception(RpcError(f"undecodable reply from {self.address}: {exc}"))
+                future.set_exception(RpcError(f"undecodable reply from {self.peer}: {exc}"))
 
     def _expire(self, request_id: bytes, timeout: float) -> None:
         future = self._pending.get(request_id)
         if future is not None and not future.done():
-            future.set_exception(RpcTimeout(f"no reply from {self.address} within {timeout} s"))
+            future.set_exception(RpcTimeout(f"no reply from {self.peer} within {timeout} s"))
 
     def _on_monitor(self) -> None:
         """A peer that goes away (a crashed process) will never answer what it was asked: fail
@@ -272,7 +283,7 @@ class AsyncRpcClient:
         if disconnected:
             for future in list(self._pending.values()):
                 if not future.done():
-                    future.set_exception(PeerUnavailable(f"{self.address} went away"))
+                    future.set_exception(PeerUnavailable(f"{self.peer} went away"))
         self._drain()
 
     async def notify(self, message: Message) -> None:
@@ -290,7 +301,7 @@ class AsyncRpcClient:
         self._monitor.close(linger=0)
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(RpcError(f"client to {self.address} closed"))
+                future.set_exception(RpcError(f"client to {self.peer} closed"))
         self.socket.close(linger=0)
 
 
