@@ -66,10 +66,9 @@ def test_readyz_follows_the_object_store(start_broker: Callable[..., Any], s3_se
             return body if status == 503 else None
 
         body = wait_until(not_ready, timeout=60, what="/readyz to report S3 down")
-        assert any(
-            p.startswith("objects:") and s3_server.endpoint_url in p
-            for p in json.loads(body)["problems"]
-        ), body
+        # Which backend, not the error (it names the endpoint: that is in the log).
+        assert "objects backend is not reachable" in json.loads(body)["problems"], body
+        assert s3_server.endpoint_url not in body
         assert get(broker, "/healthz")[0] == 200  # alive, just not ready
     finally:
         s3_server.start()
