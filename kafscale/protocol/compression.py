@@ -19,10 +19,11 @@ accepts every framing a maintained client writes, and on malformed input raises
 
 Decompression is bounded: ``decompress`` stops once the output would pass ``limit`` bytes and
 raises ``DecompressedTooLarge`` (a zstd frame of 32 KB can hold 1 GiB of zeros). Every codec runs
-in C and is fed so that it never produces more than one block past the limit: gzip and lz4 take
-an output bound, a snappy block declares its length up front, and a zstd frame is walked block
-by block (RFC 8878 section 3.1.1: each block says how much it yields, at most 128 KiB) so the
-decoder gets whole frames while they fit and single blocks once they may not. No declared
+in C, fed so that a bomb costs little more than the bound and usually far less: gzip and lz4
+yield their output in pieces of at most ``PIECE_BYTES``, a snappy block declares its length up
+front, and a zstd frame is walked block by block (RFC 8878 section 3.1.1: each block says how
+much it yields, at most 128 KiB): a frame whose blocks may pass the bound is first decoded
+holding one block at a time and counted, and decoded for real only if it fits. No declared
 content size is trusted (``lz4.frame.decompress`` would allocate a forged one).
 
 ``read_limit`` is the bound for readers that do not know the topic's ``max.message.bytes``
@@ -112,6 +113,8 @@ ZSTD_MAGIC = 0xFD2FB528
 ZSTD_SKIPPABLE_MAGIC, ZSTD_SKIPPABLE_MASK = 0x184D2A50, 0xFFFFFFF0
 ZSTD_BLOCK_RLE, ZSTD_BLOCK_COMPRESSED, ZSTD_BLOCK_RESERVED = 1, 2, 3
 ZSTD_BLOCK_MAX = 128 * 1024  # Block_Maximum_Size: no block yields more
+#: gzip and lz4 output is taken in pieces of at most this: a bomb stops one piece past the bound.
+PIECE_BYTES = 1024 * 1024
 
 
 def compress(codec: int, data: Bytes, level: int | None = None) -> bytes:
@@ -162,22 +165,29 @@ def decompress(codec: int, data: Bytes, limit: int) -> bytes:
 def _gzip_decompress(view: memoryview, limit: int) -> bytes:
     if not view:
         raise CorruptCompressedData("empty gzip data")
-    out = bytearray()
+    pieces: list[bytes] = []
+    produced = 0
     rest: Bytes = view
     while rest:
         member = zlib.decompressobj(GZIP_WBITS)
-        try:
-            out += member.decompress(rest, limit - len(out) + 1)
-        except zlib.error as exc:
-            raise CorruptCompressedData(f"gzip: {exc}") from exc
-        if len(out) > limit:
-            raise DecompressedTooLarge("gzip", limit)
-        if not member.eof:
-            raise CorruptCompressedData("gzip: truncated member")
+        data: Bytes = rest
+        while not member.eof:
+            want = min(PIECE_BYTES, limit - produced + 1)
+            try:
+                piece = member.decompress(data, want)
+            except zlib.error as exc:
+                raise CorruptCompressedData(f"gzip: {exc}") from exc
+            pieces.append(piece)
+            produced += len(piece)
+            if produced > limit:
+                raise DecompressedTooLarge("gzip", limit)
+            data = member.unconsumed_tail
+            if not data and len(piece) < want and not member.eof:
+                raise CorruptCompressedData("gzip: truncated member")
         rest = member.unused_data
         if not rest.strip(b"\0"):
             break  # zero padding after the last member is allowed, as Java and Python allow it
-    return bytes(out)
+    return b"".join(pieces)
 
 
 def _xerial_compress(data: Bytes) -> bytes:
@@ -237,50 +247,72 @@ def _lz4_decompress(data: Bytes, limit: int) -> bytes:
     rest = bytes(data)
     if not rest:
         raise CorruptCompressedData("lz4: empty data")
-    out = bytearray()
+    pieces: list[bytes] = []
+    produced = 0
     while rest:
-        decompressor = lz4.frame.LZ4FrameDecompressor()
-        try:
-            out += decompressor.decompress(rest, max_length=limit - len(out) + 1)
-        except RuntimeError as exc:
-            raise CorruptCompressedData(f"lz4: {exc}") from exc
-        if len(out) > limit:
-            raise DecompressedTooLarge("lz4", limit)
-        if not decompressor.eof:
-            raise CorruptCompressedData("lz4: truncated frame")
-        rest = decompressor.unused_data or b""
-    return bytes(out)
+        frame = lz4.frame.LZ4FrameDecompressor()
+        given = rest
+        while not frame.eof:
+            want = min(PIECE_BYTES, limit - produced + 1)
+            try:
+                piece = frame.decompress(given, max_length=want)
+            except RuntimeError as exc:
+                raise CorruptCompressedData(f"lz4: {exc}") from exc
+            pieces.append(piece)
+            produced += len(piece)
+            if produced > limit:
+                raise DecompressedTooLarge("lz4", limit)
+            given = b""  # the decompressor keeps what it has not used yet
+            if frame.needs_input and not frame.eof:
+                raise CorruptCompressedData("lz4: truncated frame")
+        rest = frame.unused_data or b""
+    return b"".join(pieces)
 
 
 def _zstd_decompress(view: memoryview, limit: int) -> bytes:
     if not view:
         raise CorruptCompressedData("zstd: empty data")
-    out = bytearray()
+    pieces: list[bytes] = []
+    produced = 0
     pos = 0
     while pos < len(view):
         end, blocks = _zstd_frame(view, pos)
         if blocks:  # not a skippable frame
+            if produced + sum(most for _, most in blocks) > limit:
+                # It may not fit: count what it yields first, holding one block at a time.
+                _zstd_count(view[pos:end], blocks, pos, limit - produced, limit)
             decoder = zstandard.ZstdDecompressor().decompressobj()
             try:
-                if len(out) + sum(most for _, most in blocks) <= limit:
-                    out += decoder.decompress(view[pos:end])
-                else:  # block by block: stop one block past the limit
-                    start = pos
-                    for block_end, _ in blocks:
-                        out += decoder.decompress(view[start:block_end])
-                        if len(out) > limit:
-                            raise DecompressedTooLarge("zstd", limit)
-                        start = block_end
-                    if start < end:  # the content checksum
-                        out += decoder.decompress(view[start:end])
+                piece = decoder.decompress(view[pos:end])
             except zstandard.ZstdError as exc:
                 raise CorruptCompressedData(f"zstd: {exc}") from exc
             if not decoder.eof or decoder.unused_data:
                 raise CorruptCompressedData(f"zstd: frame at {pos} does not end at {end}")
+            pieces.append(piece)
+            produced += len(piece)
+            if produced > limit:
+                raise DecompressedTooLarge("zstd", limit)
         pos = end
-    if len(out) > limit:
-        raise DecompressedTooLarge("zstd", limit)
-    return bytes(out)
+    return b"".join(pieces) if len(pieces) != 1 else pieces[0]
+
+
+def _zstd_count(
+    frame: memoryview, blocks: list[tuple[int, int]], pos: int, budget: int, limit: int
+) -> None:
+    """Decode ``frame`` block by block, keeping nothing: raise ``DecompressedTooLarge`` as soon
+    as it yields more than ``budget`` bytes (so a bomb costs one block of memory, not the
+    bound), ``CorruptCompressedData`` if it does not decode."""
+    decoder = zstandard.ZstdDecompressor().decompressobj()
+    start = 0
+    yielded = 0
+    try:
+        for block_end, _ in blocks:
+            yielded += len(decoder.decompress(frame[start : block_end - pos]))
+            if yielded > budget:
+                raise DecompressedTooLarge("zstd", limit)
+            start = block_end - pos
+    except zstandard.ZstdError as exc:
+        raise CorruptCompressedData(f"zstd: {exc}") from exc
 
 
 def _zstd_frame(view: memoryview, pos: int) -> tuple[int, list[tuple[int, int]]]:

@@ -197,7 +197,7 @@ def test_a_zstd_bomb_is_refused_at_the_bound() -> None:
     assert "64 times max.message.bytes" in message
 
 
-def test_a_zstd_bomb_costs_at_most_the_bound_in_memory(tmp_path: Path) -> None:
+def test_a_zstd_bomb_costs_one_block_of_memory_not_the_bound(tmp_path: Path) -> None:
     """In a fresh interpreter, so its peak RSS is the validation's."""
     path = tmp_path / "bomb"
     path.write_bytes(batch(poison.zstd_bomb(1 << 30), count=1, codec=Codec.ZSTD))
@@ -214,7 +214,8 @@ def test_a_zstd_bomb_costs_at_most_the_bound_in_memory(tmp_path: Path) -> None:
         [sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out[0] == "message_too_large"
-    assert int(out[1]) <= DEFAULT_FACTOR * 1048588  # the bound, not the GiB
+    # Far below the bound (64 MiB here): its blocks are counted one at a time, never kept.
+    assert int(out[1]) <= 8 << 20
 
 
 def test_the_default_factor_is_the_settings_default() -> None:
