@@ -4,6 +4,7 @@ and a refused request flushes nothing. ``kafscale flush`` sends the token from t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -37,27 +38,36 @@ def flushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """serve(admin_token, checks) -> the base URL of a running metrics server."""
-    started: list[tuple[health.HealthChecker, health.HealthServer]] = []
-
-    def start(admin_token: str = "", checks: dict[str, Callable[[], None]] | None = None) -> str:
-        checker = health.HealthChecker(str(tmp_path), [], checks or {})
-        server = health.HealthServer("127.0.0.1", 0, checker, admin_token)
-        started.append((checker, server))
-        checker.start()
-        server.start()
+@contextlib.contextmanager
+def running(
+    runtime_dir: Path, admin_token: str = "", checks: dict[str, Callable[[], None]] | None = None
+) -> Iterator[str]:
+    """A metrics server, its checker's first verdict in; yields its base URL."""
+    checker = health.HealthChecker(str(runtime_dir), [], checks or {})
+    server = health.HealthServer("127.0.0.1", 0, checker, admin_token)
+    checker.start()
+    server.start()
+    try:
         deadline = time.monotonic() + 30
         while checker.verdict.problems == ["starting"]:  # the first check runs at once
             assert time.monotonic() < deadline, "the health checker never checked"
             time.sleep(0.01)
-        return f"http://127.0.0.1:{server.httpd.server_address[1]}"
-
-    yield start
-    for checker, server in started:
+        yield f"http://127.0.0.1:{server.httpd.server_address[1]}"
+    finally:
         checker.stop()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def with_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running(tmp_path_factory.mktemp("run"), TOKEN, {"objects": lambda: None}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def without_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running(tmp_path_factory.mktemp("run")) as url:
+        yield url
 
 
 def request(
@@ -73,10 +83,11 @@ def request(
 
 
 def test_readyz_names_the_backend_not_the_error(
-    serve: Callable[..., str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    base = serve(checks={"objects": fail, "metadata": fail})
-    status, _, body = request(base + "/readyz")
+    with running(tmp_path, checks={"objects": fail, "metadata": fail}) as base:
+        status, _, body = request(base + "/readyz")
+        healthz = request(base + "/healthz")
     assert status == 503
     assert json.loads(body) == {
         "ready": False,
@@ -89,19 +100,18 @@ def test_readyz_names_the_backend_not_the_error(
         ("objects", LEAKY),
         ("metadata", LEAKY),
     }  # the details are in the log, for the operator
-    assert request(base + "/healthz")[:3:2] == (200, b"ok\n")
+    assert healthz[:3:2] == (200, b"ok\n")
 
 
-def test_readyz_is_ok_when_everything_answers(serve: Callable[..., str]) -> None:
-    base = serve(checks={"objects": lambda: None})
-    status, _, body = request(base + "/readyz")
+def test_readyz_is_ok_when_everything_answers(with_token: str) -> None:
+    status, _, body = request(with_token + "/readyz")
     assert (status, json.loads(body)) == (200, {"ready": True, "problems": []})
 
 
 def test_flush_without_a_configured_token_is_disabled(
-    serve: Callable[..., str], flushes: list[str]
+    without_token: str, flushes: list[str]
 ) -> None:
-    base = serve()
+    base = without_token
     for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": f"Bearer {TOKEN}"}):
         status, _, body = request(base + "/flush", "POST", headers)
         assert status == 403 and b"KAFSCALE_ADMIN_TOKEN" in body
@@ -122,9 +132,9 @@ def test_flush_without_a_configured_token_is_disabled(
     ],
 )
 def test_flush_with_a_missing_or_wrong_token_is_refused_and_does_nothing(
-    serve: Callable[..., str], flushes: list[str], authorization: str | None
+    with_token: str, flushes: list[str], authorization: str | None
 ) -> None:
-    base = serve(TOKEN)
+    base = with_token
     headers = {} if authorization is None else {"Authorization": authorization}
     status, response_headers, body = request(base + "/flush", "POST", headers)
     assert status == 401
@@ -133,8 +143,8 @@ def test_flush_with_a_missing_or_wrong_token_is_refused_and_does_nothing(
     assert flushes == []
 
 
-def test_flush_with_the_token_flushes(serve: Callable[..., str], flushes: list[str]) -> None:
-    base = serve(TOKEN)
+def test_flush_with_the_token_flushes(with_token: str, flushes: list[str]) -> None:
+    base = with_token
     status, _, body = request(base + "/flush", "POST", {"Authorization": f"bearer  {TOKEN} "})
     assert (status, json.loads(body)) == (
         200,
@@ -143,8 +153,8 @@ def test_flush_with_the_token_flushes(serve: Callable[..., str], flushes: list[s
     assert len(flushes) == 1
 
 
-def test_the_metrics_port_serves_nothing_else(serve: Callable[..., str]) -> None:
-    base = serve(TOKEN)
+def test_the_metrics_port_serves_nothing_else(with_token: str) -> None:
+    base = with_token
     assert request(base + "/admin")[0] == 404
     assert request(base + "/flush")[0] == 404  # GET is not a flush
     assert request(base + "/readyz", "POST", {"Authorization": f"Bearer {TOKEN}"})[0] == 404
@@ -152,13 +162,13 @@ def test_the_metrics_port_serves_nothing_else(serve: Callable[..., str]) -> None
 
 
 def test_kafscale_flush_sends_the_token_from_a_file(
-    serve: Callable[..., str],
+    with_token: str,
     flushes: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    base = serve(TOKEN)
+    base = with_token
     monkeypatch.delenv("KAFSCALE_ADMIN_TOKEN", raising=False)
     monkeypatch.delenv("KAFSCALE_ADMIN_TOKEN_FILE", raising=False)
     assert cli.main(["flush", "--metrics-url", base]) == 1
