@@ -1,0 +1,217 @@
+"""One store, one writer: a second broker on the same store refuses to start, naming the first.
+
+Real `kafscale serve` processes against the embedded backends (one data directory) and against
+real etcd + MinIO (one bucket and namespace), with a real client (confluent-kafka): the first
+broker keeps serving, with no offset handed out twice; a SIGKILLed broker's store is free again
+once its lease runs out; a broker whose lock is taken stops at once; namespaces are separate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from kafscale.metadata.etcd import EtcdMetadataStore
+from kafscale.metadata.records import Keys
+from kafscale.supervisor.ownership import OwnerRecord
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "single-writer"
+FAST_LOCK = {"KAFSCALE_STORE_LOCK_TTL_MS": "3000"}
+
+
+def produce(bootstrap: str, values: list[bytes]) -> list[int]:
+    """The offsets the broker acknowledged (acks=all), in order; fails on any error."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    offsets: list[int] = []
+    errors: list[str] = []
+
+    def delivered(err: Any, message: Any) -> None:
+        if err is not None:
+            errors.append(err.name())
+        else:
+            offsets.append(message.offset())
+
+    for value in values:
+        producer.produce(TOPIC, value, partition=0, on_delivery=delivered)
+        producer.flush(60)  # one at a time: offsets in order
+    assert errors == [] and len(offsets) == len(values)
+    return offsets
+
+
+def consume(bootstrap: str, count: int) -> list[tuple[int, bytes]]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "single-writer", "enable.auto.commit": False}
+    )
+    found: list[tuple[int, bytes]] = []
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 60
+        while len(found) < count and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                found.append((message.offset(), message.value()))
+    finally:
+        consumer.close()
+    return found
+
+
+def log_lines(broker: Any) -> list[dict[str, Any]]:
+    lines = []
+    for line in broker.log_text().splitlines():
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+    return lines
+
+
+def critical(broker: Any) -> str:
+    found = [line["msg"] for line in log_lines(broker) if line.get("level") == "critical"]
+    assert found, broker.log_tail()
+    return str(found[-1])
+
+
+def spawned_children(broker: Any) -> int:
+    return sum(1 for line in log_lines(broker) if line.get("msg") == "spawned")
+
+
+def assert_first_unaffected(first: Any, before: list[bytes]) -> None:
+    """The first broker still serves: new records follow on, every record reads back once."""
+    first.wait_ready(timeout=10)
+    after = [b"after-%d" % i for i in range(5)]
+    assert produce(first.bootstrap, after) == list(range(len(before), len(before) + len(after)))
+    everything = before + after
+    assert consume(first.bootstrap, len(everything)) == list(enumerate(everything))
+
+
+def test_second_broker_on_one_data_dir_refuses_naming_the_first(
+    start_broker: Callable[..., Any],
+) -> None:
+    first = start_broker(ready=True)
+    before = [b"before-%d" % i for i in range(5)]
+    assert produce(first.bootstrap, before) == list(range(5))
+    second = start_broker(env={"KAFSCALE_DATA_DIR": first.env["KAFSCALE_DATA_DIR"]})
+    assert second.wait(timeout=60) == 1
+    refusal = critical(second)
+    assert refusal.startswith("cannot start: the data directory")
+    assert f"pid {first.pid} " in refusal
+    assert f"Kafka 127.0.0.1:{first.port}" in refusal
+    assert f"metrics port {first.metrics_port}" in refusal
+    assert "one data directory, one broker" in refusal
+    assert spawned_children(second) == 0  # refused before any child booted
+    assert_first_unaffected(first, before)
+
+
+def test_second_broker_on_one_bucket_and_namespace_refuses_naming_the_first(
+    start_broker: Callable[..., Any],
+) -> None:
+    first = start_broker(backends="real", env=FAST_LOCK, ready=True)
+    before = [b"before-%d" % i for i in range(5)]
+    assert produce(first.bootstrap, before) == list(range(5))
+    # Its own data directory and ports; the same etcd, bucket and namespace.
+    second = start_broker(backends="real", env=FAST_LOCK)
+    assert second.wait(timeout=90) == 1
+    waited = [line for line in log_lines(second) if "waiting up to 5 s" in line["msg"]]
+    assert waited and f"pid {first.pid} " in waited[0]["holder"]
+    refusal = critical(second)
+    namespace = first.env["KAFSCALE_S3_NAMESPACE"]
+    assert f"/kafscale/{namespace}/owner" in refusal
+    assert f"pid {first.pid} " in refusal and f"Kafka 127.0.0.1:{first.port}" in refusal
+    assert "one store, one broker" in refusal
+    assert spawned_children(second) == 0
+    assert_first_unaffected(first, before)
+
+
+def test_after_a_sigkill_a_new_broker_starts_once_the_lease_runs_out(
+    start_broker: Callable[..., Any],
+) -> None:
+    # The default TTL (10 s): the restart surely finds the dead broker's lease still there.
+    first = start_broker(backends="real", ready=True)
+    acked = [b"acked-%d" % i for i in range(5)]
+    assert produce(first.bootstrap, acked) == list(range(5))
+    first.kill()  # the whole pod: nothing is released
+    second = start_broker(env=first.env)  # same ports, bucket and namespace
+    second.wait_ready()
+    waited = [line for line in log_lines(second) if "waiting up to 12 s" in line["msg"]]
+    assert waited and f"pid {first.pid} " in waited[0]["holder"]
+    assert any(line["msg"] == "store lock taken" for line in log_lines(second))
+    assert consume(second.bootstrap, len(acked)) == list(enumerate(acked))
+    assert produce(second.bootstrap, [b"next"]) == [len(acked)]
+
+
+def test_after_a_sigkill_the_data_dir_is_free_at_once(start_broker: Callable[..., Any]) -> None:
+    first = start_broker(ready=True)
+    acked = [b"acked-%d" % i for i in range(5)]
+    assert produce(first.bootstrap, acked) == list(range(5))
+    first.kill()
+    second = start_broker(env=first.env)
+    second.wait_ready()
+    messages = [line["msg"] for line in log_lines(second)]
+    assert "took over the store lock of a broker that is gone" in messages
+    assert "deleted the registration of a broker that is gone" in messages
+    assert not any("waiting up to" in message for message in messages)
+    assert consume(second.bootstrap, len(acked)) == list(enumerate(acked))
+    assert produce(second.bootstrap, [b"next"]) == [len(acked)]
+
+
+def test_brokers_of_two_namespaces_share_one_etcd_and_bucket(
+    start_broker: Callable[..., Any],
+) -> None:
+    first = start_broker(backends="real", env=FAST_LOCK, ready=True)
+    other = f"{first.env['KAFSCALE_S3_NAMESPACE']}-other"
+    second = start_broker(
+        backends="real", env={**FAST_LOCK, "KAFSCALE_S3_NAMESPACE": other}, ready=True
+    )
+    assert first.env["KAFSCALE_S3_BUCKET"] == second.env["KAFSCALE_S3_BUCKET"]
+    assert produce(first.bootstrap, [b"first-0", b"first-1"]) == [0, 1]
+    assert produce(second.bootstrap, [b"second-0"]) == [0]
+    assert consume(first.bootstrap, 2) == [(0, b"first-0"), (1, b"first-1")]
+    assert consume(second.bootstrap, 1) == [(0, b"second-0")]
+
+
+def test_a_broker_whose_lock_is_taken_stops_at_once_without_a_drain(
+    start_broker: Callable[..., Any], etcd_server: Any
+) -> None:
+    broker = start_broker(backends="real", env=FAST_LOCK, ready=True)
+    assert produce(broker.bootstrap, [b"one"]) == [0]
+    # Another broker now holds the store (as after a lapse of this one's lease): one write.
+    intruder = OwnerRecord(
+        broker_id=7,
+        host="elsewhere",
+        pid=4242,
+        advertised="10.9.9.9:9092",
+        metrics_port=9093,
+        run_id=uuid.uuid4().hex[:10],
+        started_ms=int(time.time() * 1000),
+    )
+    store = EtcdMetadataStore([etcd_server.endpoint])
+    try:
+        lease = store.grant_lease(60)
+        key = Keys(broker.env["KAFSCALE_S3_NAMESPACE"]).owner
+        store.put(key, msgspec.json.encode(intruder), lease_id=lease.id)
+        assert broker.wait(timeout=30) == 1
+        lease.revoke()
+    finally:
+        store.close()
+    stopped = critical(broker)
+    assert stopped.startswith("stopped: the store lock was lost")
+    assert "broker 7 (pid 4242 on elsewhere, Kafka 10.9.9.9:9092" in stopped
+    children_stopped = [
+        line
+        for line in log_lines(broker)
+        if line.get("msg") == "stopped" and line.get("process") != "supervisor"
+    ]
+    assert children_stopped == []  # SIGKILLed, not drained: nothing more was written
