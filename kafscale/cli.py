@@ -121,6 +121,12 @@ def flush(metrics_url: str) -> int:
             return 0
     except urllib.error.HTTPError as error:
         print(error.read().decode().strip(), file=sys.stderr)
+        if error.code == 401:
+            print(
+                "kafscale flush: set KAFSCALE_ADMIN_TOKEN (or KAFSCALE_ADMIN_TOKEN_FILE) to the "
+                "broker's admin token",
+                file=sys.stderr,
+            )
     except (urllib.error.URLError, OSError) as error:
         print(f"kafscale flush: cannot reach {metrics_url}: {error}", file=sys.stderr)
     return 1
