@@ -14,6 +14,11 @@ get OFFSET_OUT_OF_RANGE); then the ``.kfs``/``.index`` objects. Objects that can
 then (S3 down) are retried at the next round; a coordinator crash between the transaction and
 the deletes leaves them in the bucket (NOTES.md). As in Kafka, retention can empty a partition
 completely; its next offset is unchanged.
+
+Containment: a topic, partition or segment record that does not decode (written by another
+version, or damaged) costs that topic or partition this round, logged once (``FaultLog``) and
+counted in ``kafscale_read_faults_total{path="retention"}``; every other partition is cleaned.
+Retention never reads segment bytes: a segment's age is its record's max timestamp.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import logging
 import time
 
+import msgspec
 import zmq
 
 from kafscale import metrics
@@ -32,12 +38,15 @@ from kafscale.metadata import records, topic_configs
 from kafscale.metadata.records import Keys, SegmentRecord, TopicRecord
 from kafscale.metadata.store import Compare, Delete, MetadataStore, Put
 from kafscale.storage import segment as segments
+from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 MAX_OPERATIONS = 100  # per transaction (etcd allows 128)
 NO_LIMIT = -1
+# What a record that does not decode raises (msgspec's errors; a config value that is no number).
+UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
 
 
 def expired(
@@ -72,6 +81,7 @@ class RetentionCleaner:
         self.interval_ms = config.retention_check_interval_ms
         self._next_ms = _now_ms() + self.interval_ms
         self._leftovers: list[str] = []  # object keys whose delete failed
+        self._faults = FaultLog(log, "retention", metrics.READ_FAULTS.labels("retention").inc)
         self._shards = []
         for index in range(config.shards):
             socket = context.socket(zmq.DEALER)
@@ -96,14 +106,22 @@ class RetentionCleaner:
         deleted = 0
         defaults = topic_configs.defaults(self.config)
         for kv in self.store.get_prefix(self.keys.topics):
-            topic = records.decode_topic(kv.value)
-            configs = topic_configs.effective(topic.configs, defaults)
-            retention_ms = int(configs["retention.ms"])
-            retention_bytes = int(configs["retention.bytes"])
+            try:
+                topic = records.decode_topic(kv.value)
+                configs = topic_configs.effective(topic.configs, defaults)
+                retention_ms = int(configs["retention.ms"])
+                retention_bytes = int(configs["retention.bytes"])
+            except UNDECODABLE as exc:
+                self._faults.report(kv.key, f"topic record does not decode: {exc}")
+                continue
             if retention_ms == NO_LIMIT and retention_bytes == NO_LIMIT:
                 continue
             for partition in range(topic.partitions):
-                deleted += self._clean(topic, partition, retention_ms, retention_bytes, now_ms)
+                try:
+                    deleted += self._clean(topic, partition, retention_ms, retention_bytes, now_ms)
+                except UNDECODABLE as exc:
+                    key = self.keys.partition(topic.name, partition)
+                    self._faults.report(key, f"a record of the partition does not decode: {exc}")
         return deleted
 
     def _clean(

@@ -6,6 +6,12 @@ order: one that starts exactly at the high watermark and verifies (every CRC) is
 batches' producer state included -- and the high watermark moves past it; anything corrupt, or
 not contiguous, is removed. So the committed log never has a gap, and a segment key is never
 written twice with different bytes.
+
+Judged by the segment format alone (``parse_segment(verify=True)``): a segment whose batches
+frame, match their CRCs and run on without a gap is adopted even if a batch's records do not
+decode (stored by something that never validated them): its bytes are whole, a producer may have
+been told they were written, and every read path answers such a batch with an error for that
+request only (``kafscale.shards.reads``).
 """
 
 from __future__ import annotations

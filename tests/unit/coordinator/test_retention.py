@@ -1,9 +1,21 @@
-"""Which segments retention deletes (the pure part of ``kafscale.coordinator.retention``)."""
+"""Which segments retention deletes (the pure part of ``kafscale.coordinator.retention``), and
+that a record which does not decode costs only its own topic or partition."""
 
 from __future__ import annotations
 
-from kafscale.coordinator.retention import expired
-from kafscale.metadata.records import SegmentRecord
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+import zmq
+
+from kafscale import config as configuration
+from kafscale.coordinator.retention import RetentionCleaner, expired
+from kafscale.metadata import open_metadata_store, records
+from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord
+from kafscale.storage import open_object_store
+from kafscale.storage import segment as segments
 
 NOW = 1_000_000
 
@@ -36,3 +48,46 @@ def test_size_keeps_the_partition_at_or_above_its_limit() -> None:
 def test_no_limits_delete_nothing_and_either_limit_suffices() -> None:
     assert expired(SEGMENTS, -1, -1, NOW) == []
     assert expired(SEGMENTS, 4000, 250, NOW) == SEGMENTS[:1]
+
+
+# -- records that do not decode cost only their own topic or partition --------------------------
+
+
+def test_a_record_that_does_not_decode_costs_only_its_partition(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = configuration.load({"KAFSCALE_DATA_DIR": str(tmp_path), "KAFSCALE_SHARDS": "1"})
+    keys = Keys(config.s3_namespace)
+    store = open_metadata_store(config)
+    objects = open_object_store(config)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        topic = TopicRecord("logs", str(uuid.UUID(int=1)), 3, {"retention.ms": "1000"})
+        store.put(keys.topic("logs"), records.encode(topic))
+        store.put(keys.topic("broken"), b"{not json")
+        for partition in range(3):
+            state = PartitionRecord(topic_id=topic.topic_id, high_watermark=10)
+            store.put(keys.partition("logs", partition), records.encode(state))
+            kfs = segments.segment_key(config.s3_namespace, "logs", partition, 0)
+            objects.put_if_absent(kfs, b"segment bytes")
+            store.put(keys.segment("logs", partition, 0), records.encode(seg(0, 13, NOW - 5000)))
+        store.put(keys.segment("logs", 1, 10), b'{"base_offset": "ten"}')  # another version's?
+        cleaner = RetentionCleaner(config, store, objects, context, str(tmp_path))
+        try:
+            with caplog.at_level(logging.DEBUG):
+                assert cleaner.run(NOW) == 2  # partitions 0 and 2
+                assert cleaner.run(NOW) == 0  # nothing left there; the faults again
+        finally:
+            cleaner.close()
+        faults = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert sorted(r.__dict__["key"] for r in faults) == sorted(
+            [keys.topic("broken"), keys.partition("logs", 1)]
+        )  # each logged once over two rounds
+        ns = config.s3_namespace
+        assert not objects.list(segments.segment_prefix(ns, "logs", 0))
+        assert objects.list(segments.segment_prefix(ns, "logs", 1))  # its record did not decode
+        assert store.get(keys.segment("logs", 1, 0)) is not None
+    finally:
+        context.term()
+        store.close()
+        objects.close()
