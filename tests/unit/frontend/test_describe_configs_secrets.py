@@ -4,6 +4,7 @@ at all (``kafscale.frontend.configs``' rule), whichever way the client asks."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -69,6 +70,15 @@ def test_the_rule_classifies_the_settings() -> None:
     # A topic config's broker synonym is always a config a client may see.
     internal_fields = {s.field for s in SETTINGS if s.internal}
     assert not {c.broker_setting for c in topic_configs.SUPPORTED.values()} & internal_fields
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.env)
+def test_a_setting_named_like_a_credential_or_a_location_is_classified(setting: Any) -> None:
+    """A guard for settings to come (an etcd password, a TLS key file, another endpoint)."""
+    if re.search(r"key|token|password|secret|credential", setting.field):
+        assert setting.secret, f"{setting.env} looks like a credential: mark it secret=True"
+    if re.search(r"endpoint|bucket|_dir$|namespace|url", setting.field):
+        assert setting.internal, f"{setting.env} locates a backend: mark it internal=True"
 
 
 @pytest.mark.parametrize("version", range(1, 5))
