@@ -6,10 +6,17 @@ footer's CRC32C over all batches, contiguous offsets, the header's counts); a ra
 framing, each batch's CRC32C and that offsets run on without a gap. Anything that fails raises
 ``CorruptSegment`` naming the object: the task fails, nothing is skipped silently. Control
 batches (transaction markers) are not records and are left out, as Kafka consumers do.
+
+A batch that frames and matches its CRC but whose records do not decode (stored by something
+that never validated them, e.g. attributes naming another codec than its body's) fails the task
+the same way, naming the batch; with ``failOnDataLoss=false`` it is skipped instead and logged
+once per batch, as Spark's Kafka source skips data it cannot read then. Decompression is
+bounded (``compression.read_limit``): a zstd bomb costs the bound, not gigabytes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +28,12 @@ from kafscale.protocol.records import CorruptRecordBatch, TimestampType
 from kafscale.spark.plan import Slice, read_whole
 from kafscale.storage import ObjectNotFound, ObjectStore
 from kafscale.storage import segment as segments
-from kafscale.storage.segment import CorruptSegment
+from kafscale.storage.faults import FaultLog
+from kafscale.storage.segment import CorruptBatch, CorruptSegment
+
+log = logging.getLogger(__name__)
+# Per executor process: a batch skipped under failOnDataLoss=false is logged once.
+_skipped = FaultLog(log, "spark")
 
 ROWS_PER_BATCH = 8192
 
@@ -53,7 +65,7 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 
 
 def read_slice(
-    objects: ObjectStore, part: Slice, include_headers: bool = True
+    objects: ObjectStore, part: Slice, include_headers: bool = True, fail_on_data_loss: bool = True
 ) -> Iterator[pa.RecordBatch]:
     where = f"{objects.description}: segment {part.key}"
     batches = _whole(objects, part) if part.whole else _ranged(objects, part, where)
@@ -66,14 +78,23 @@ def read_slice(
             break
         log_append = int(header.timestamp_type == TimestampType.LOG_APPEND_TIME)
         try:
-            for record in records.iter_records(batch):
-                if part.from_offset <= record.offset < part.until_offset:
-                    rows.add(record, log_append)
+            # Decoded whole before any row is added: a bad batch adds nothing.
+            found = [
+                record
+                for record in records.iter_records(batch)
+                if part.from_offset <= record.offset < part.until_offset
+            ]
         except (CorruptRecordBatch, CorruptCompressedData) as exc:
-            raise CorruptSegment(
+            fault = CorruptBatch(
                 f"{where}: batch at offsets {header.base_offset}..{header.last_offset} does not "
                 f"decode: {exc}"
-            ) from None
+            )
+            if fail_on_data_loss:
+                raise fault from None
+            _skipped.report(f"{where}@{header.base_offset}", f"{fault}; skipped")
+            continue
+        for record in found:
+            rows.add(record, log_append)
         if len(rows) >= ROWS_PER_BATCH:
             yield rows.take()
     if len(rows):

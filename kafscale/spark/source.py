@@ -68,7 +68,12 @@ class KafscaleReader(DataSourceReader):
         if not isinstance(partition, SlicePartition):
             return  # Spark's stand-in partition when the plan found nothing to read
         part = partition.part
-        yield from read_slice(_objects(self.options.storage), part, self.options.include_headers)
+        yield from read_slice(
+            _objects(self.options.storage),
+            part,
+            self.options.include_headers,
+            self.options.fail_on_data_loss,
+        )
 
 
 def register(spark: Any) -> None:

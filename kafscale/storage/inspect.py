@@ -1,8 +1,11 @@
 """``kafscale segments dump <file-or-key>``: the operator's view of one segment or index object.
 
 ``dump`` prints every header, batch and footer field of a ``.kfs`` object (or the entries of an
-``.index``) and checks every CRC, reporting each failure by name instead of stopping at the first.
-It never raises on bad bytes: whatever cannot be parsed is printed as the problem. ``main`` reads
+``.index``), checks every CRC and decodes every batch's records (decompression bounded by
+``compression.read_limit``), reporting each failure by name instead of stopping at the first: a
+batch a broker stored without validating it (e.g. attributes that name another codec than its
+body's) is found here. It never raises on bad bytes: whatever cannot be parsed is printed as the
+problem. ``main`` reads
 a local file, or else the argument as a key of the configured object store; it exits 0 when
 everything verified, 1 when something did not, 2 when the object could not be read.
 """
@@ -18,6 +21,8 @@ from typing import TextIO
 
 import crc32c
 
+from kafscale.protocol import records
+from kafscale.protocol.errors import DecodeError
 from kafscale.storage import segment as fmt
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -69,7 +74,18 @@ def _print_batch(number: int, span: fmt.BatchSpan, data: memoryview, out: TextIO
         f"leader epoch {batch.partition_leader_epoch}",
         file=out,
     )
-    return batch.crc == computed
+    decoded, verdict = _decode(data[span.position : span.position + span.length])
+    print(f"    records: {verdict}", file=out)
+    return batch.crc == computed and decoded
+
+
+def _decode(batch: memoryview) -> tuple[bool, str]:
+    """Whether the batch's records decode, and what to print about it."""
+    try:
+        count = sum(1 for _ in records.iter_records(batch))
+    except DecodeError as exc:
+        return False, f"DO NOT DECODE: {exc}"
+    return True, f"{count} decoded"
 
 
 def _dump_segment(data: bytes, out: TextIO) -> bool:
@@ -126,7 +142,8 @@ def dump(data: bytes, out: TextIO) -> bool:
     if data[: len(fmt.INDEX_MAGIC)] == fmt.INDEX_MAGIC:
         return _dump_index(data, out)
     ok = _dump_segment(data, out)
-    print("result: every CRC verified" if ok else "result: VERIFICATION FAILED", file=out)
+    verdict = "every CRC verified, every record decoded" if ok else "VERIFICATION FAILED"
+    print(f"result: {verdict}", file=out)
     return ok
 
 

@@ -35,6 +35,7 @@ from kafscale.storage import LocalObjectStore
 from kafscale.storage import segment as segments
 from kafscale.storage.objects import ObjectInfo
 from kafscale.storage.segment import CorruptSegment
+from tests.unit.protocol import poison
 
 NS = "default"
 TOPIC = "events"
@@ -349,3 +350,42 @@ def test_the_listing_and_the_metadata_store_agree(tmp_path: Path) -> None:
 def test_a_directory_without_segments_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="no segments directory"):
         open_objects(opts.Storage(data_dir=str(tmp_path / "nowhere")))
+
+
+@pytest.mark.parametrize("poisoned", ["snappy-lie", "zstd-bomb"])
+def test_a_batch_that_does_not_decode_fails_the_task_or_is_skipped(
+    tmp_path: Path, poisoned: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stored without validation: its CRC is right, its records do not decode. The task fails
+    naming it, or with failOnDataLoss=false it is skipped (logged once) and the rest is read."""
+    objects = LocalObjectStore(str(tmp_path / "segments"))
+    before = records.build_batch([(None, b"v0", [], T0)], base_offset=0)
+    bad = bytearray(
+        poison.batch(poison.record(0) + poison.record(1), count=2, codec=Codec.SNAPPY)
+        if poisoned == "snappy-lie"
+        else poison.batch(poison.zstd_bomb(1 << 30), count=1, codec=Codec.ZSTD)
+    )
+    records.patch_base_offset(bad, 0, 1)
+    after_base = records.read_header(bad).last_offset + 1
+    after = records.build_batch([(None, b"v-after", [], T0)], base_offset=after_base)
+    kfs, index = segments.build_segment([before, bytes(bad), after], 0, T0)
+    objects.put_if_absent(segments.segment_key(NS, TOPIC, 0, 0), kfs)
+    objects.put_if_absent(segments.index_key(NS, TOPIC, 0, 0), index)
+    counting = CountingStore(objects)
+    catalog = ListingCatalog(counting, NS)
+    slices = plan(read_options(tmp_path), catalog, counting)
+    with pytest.raises(CorruptSegment, match=r"batch at offsets 1\.\.") as failure:
+        list(rows(counting, slices))
+    assert segments.segment_key(NS, TOPIC, 0, 0) in str(failure.value)
+    for part in slices:
+        for _ in range(2):  # two tasks over the same slice: one log line
+            got = [
+                row
+                for batch in read_slice(counting, part, True, fail_on_data_loss=False)
+                for row in pa.Table.from_batches([batch]).to_pylist()
+            ]
+            assert [(r["offset"], r["value"]) for r in got] == [
+                (0, b"v0"),
+                (after_base, b"v-after"),
+            ]
+    assert len([r for r in caplog.records if "cannot be read" in r.getMessage()]) == 1

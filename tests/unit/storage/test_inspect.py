@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kafscale.protocol.compression import Codec
+from kafscale.protocol.records import patch_base_offset
 from kafscale.storage import LocalObjectStore
 from kafscale.storage.inspect import dump, main
 from kafscale.storage.segment import build_segment, index_key, segment_key
+from tests.unit.protocol import poison
 from tests.unit.storage.test_segment import CREATED_MS, make_batches
 
 
@@ -41,7 +44,8 @@ def test_dump_prints_every_batch_and_verifies() -> None:
     assert "producer id -1 epoch -1 base sequence -1" in text
     assert "last offset 45" in text
     assert "BAD" not in text
-    assert text.rstrip().endswith("result: every CRC verified")
+    assert text.count("    records: ") == 3 and "records: 3 decoded" in text
+    assert text.rstrip().endswith("result: every CRC verified, every record decoded")
 
 
 def test_dump_names_the_bad_crc() -> None:
@@ -114,3 +118,20 @@ def test_main_on_keys_of_the_configured_store(
     capsys.readouterr()
     assert main([segment_key("default", "orders", 0, 99)]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_dump_names_a_batch_whose_records_do_not_decode() -> None:
+    """Stored without validation: attributes that say snappy over a plain body (a right CRC),
+    and a zstd bomb, which is decoded only to the bound."""
+    lie = poison.batch(poison.record(0) + poison.record(1), count=2, codec=Codec.SNAPPY)
+    bomb = bytearray(poison.batch(poison.zstd_bomb(1 << 30), count=1, codec=Codec.ZSTD))
+    patch_base_offset(bomb, 0, 2)
+    data, _ = build_segment([lie, bytes(bomb)], flags=0, created_ms=CREATED_MS)
+    ok, text = dumped(data)
+    assert not ok
+    lines = text.splitlines()
+    verdicts = [line for line in lines if line.startswith("    records: ")]
+    assert verdicts[0].startswith("    records: DO NOT DECODE: snappy")
+    assert "decompresses to more than" in verdicts[1]
+    assert "BAD" not in text  # every CRC is right
+    assert lines[-1] == "result: VERIFICATION FAILED"
