@@ -52,8 +52,8 @@ class OutageGate:
         """Return if calls may go to the backend; raise its "unavailable" error if not."""
         error = self._error
         if error is not None:
-            down_s = time.monotonic() - self._opened_at
-            raise self._unavailable(f"{error} (unreachable for {down_s:.0f} s; retry later)")
+            # The same text for the whole outage, so callers that log a changed error log once.
+            raise self._unavailable(f"{error} (refusing calls until it answers again)")
 
     def failed(self, error: Exception) -> None:
         """A call found the backend unreachable: open the gate (if not yet) and probe."""

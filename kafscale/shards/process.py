@@ -191,6 +191,10 @@ class Shard:
                 )
                 state.in_flight = -1
                 partition.flush_failed()
+                # No answer at all is a failing store too (a paused S3 answers nothing): keep
+                # produce refused until a flush of this partition commits.
+                self.storage_failing.add(key)
+                self._update_gauges()
             if state.in_flight >= 0 and now - state.sent_ms >= self.config.s3_latency_threshold_ms:
                 self._flush_is_slow(now)
             if now >= state.retry_at_ms:

@@ -119,7 +119,7 @@ class S3ObjectStore:
             min(timeout, _CHECK_CONNECT_TIMEOUT),
             min(timeout, _CHECK_READ_TIMEOUT),
             _CHECK_MAX_ATTEMPTS,
-            1,
+            2,  # the health checker's and the outage gate's probe may overlap
         )
         self._endpoint = self._client.meta.endpoint_url
         self._gate = OutageGate("s3", self.check, ObjectStoreUnavailable)

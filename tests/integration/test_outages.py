@@ -1,0 +1,447 @@
+"""Dependency outages under produce load: etcd stopped for a minute, S3 paused (SIGSTOP: it keeps
+its sockets and answers nothing), shards SIGKILLed again and again while S3 is paused.
+
+What must hold: while a backend is down, produce is refused with retriable errors -- at once,
+not after hanging for the outage -- and /readyz says not ready; the broker never exits; it
+recovers by itself once the backend is back; no acknowledged record is lost; and no committed
+object's bytes ever change (every committed segment record matches its object).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+
+from kafscale import config as configuration
+from kafscale.metadata import open_metadata_store, records
+from kafscale.metadata.records import Keys
+from kafscale.protocol import codec
+from kafscale.protocol import records as batches
+from kafscale.protocol.errors import ErrorCode
+from kafscale.storage import open_object_store
+from kafscale.storage import segment as segments
+from tests.harness.procs import LOOPBACK
+
+from .test_supervision import roles
+from .wire import Wire
+
+pytestmark = pytest.mark.integration
+
+REQUEST = load_request_schema(0, 9)
+RESPONSE = load_response_schema(0, 9)
+REQUEST_TIMEOUT_MS = 3000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent_at: float
+    elapsed: float
+    value: bytes
+    error: ErrorCode | None  # None: the connection failed
+    base_offset: int = -1
+
+
+@dataclass(eq=False)  # a Thread must stay hashable
+class Load(threading.Thread):
+    """One connection producing one record per request to one partition until stopped."""
+
+    broker: Any
+    topic: str
+    partition: int
+    acks: int
+    prefix: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        threading.Thread.__init__(self, name=f"load-{self.prefix}", daemon=True)
+
+    def run(self) -> None:
+        wire: Wire | None = None
+        sequence = 0
+        while not self.stopping.is_set():
+            sequence += 1
+            value = f"{self.prefix}-{sequence}".encode()
+            sent = time.monotonic()
+            try:
+                if wire is None:
+                    wire = Wire((LOOPBACK, self.broker.port), timeout=60)
+                wire.send(self._request(value), sequence)
+                _, response = wire.read_response(RESPONSE)
+            except (OSError, ConnectionError):
+                self.outcomes.append(Outcome(sent, time.monotonic() - sent, value, None))
+                if wire is not None:
+                    wire.close()
+                wire = None
+                self.stopping.wait(0.2)
+                continue
+            result = response.responses[0].partition_responses[0]
+            error = ErrorCode(result.error_code)
+            self.outcomes.append(
+                Outcome(sent, time.monotonic() - sent, value, error, int(result.base_offset))
+            )
+            if error != ErrorCode.none:
+                self.stopping.wait(0.05)  # pacing while refused, as a client's retry.backoff.ms
+        if wire is not None:
+            wire.close()
+
+    def _request(self, value: bytes) -> Any:
+        blob = batches.build_batch([(None, value, (), int(time.time() * 1000))])
+        return codec.build(
+            REQUEST,
+            transactional_id=None,
+            acks=self.acks,
+            timeout=datetime.timedelta(milliseconds=REQUEST_TIMEOUT_MS),
+            topic_data=(
+                codec.build(
+                    codec.nested(REQUEST, "TopicProduceData"),
+                    name=self.topic,
+                    partition_data=(
+                        codec.build(
+                            codec.nested(REQUEST, "PartitionProduceData"),
+                            index=self.partition,
+                            records=blob,
+                        ),
+                    ),
+                ),
+            ),
+        )
+
+    def acknowledged(self) -> list[Outcome]:
+        return [o for o in list(self.outcomes) if o.error == ErrorCode.none]
+
+    def succeeded_after(self, moment: float) -> bool:
+        return any(o.sent_at >= moment for o in self.acknowledged())
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=90)
+        assert not self.is_alive(), f"{self.name} did not stop"
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def readyz(broker: Any) -> tuple[int, list[str]]:
+    url = f"http://{LOOPBACK}:{broker.metrics_port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), json.loads(response.read())["problems"]
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())["problems"]
+
+
+def s3_healthy(broker: Any) -> list[float]:
+    """The values of kafscale_s3_healthy{shard}, one per shard."""
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in broker.metrics_text().splitlines()
+        if line.startswith("kafscale_s3_healthy{")
+    ]
+
+
+@dataclass
+class Watch:
+    """What the broker showed during an outage, sampled about once a second."""
+
+    readyz: list[tuple[int, list[str]]] = field(default_factory=list)
+    s3_healthy: list[list[float]] = field(default_factory=list)
+
+    def sample(self, broker: Any, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert broker.running, f"the broker exited during the outage\n{broker.log_tail()}"
+            self.readyz.append(readyz(broker))
+            self.s3_healthy.append(s3_healthy(broker))
+            time.sleep(1.0)
+
+
+@pytest.fixture
+def loads() -> Iterator[list[Load]]:
+    started: list[Load] = []
+    yield started
+    for load in started:
+        load.stopping.set()
+    for load in started:
+        load.join(timeout=90)
+
+
+def start_loads(
+    loads: list[Load], broker: Any, topic: str, partitions: int, acks: int = -1
+) -> list[Load]:
+    for partition in range(partitions):
+        load = Load(broker, topic, partition, acks, f"{topic}-p{partition}-acks{acks}")
+        loads.append(load)
+        load.start()
+    return loads
+
+
+# --- what is committed ---------------------------------------------------------------------------
+
+
+def committed_objects(broker: Any, topic: str, partitions: int) -> dict[str, str]:
+    """{segment key: sha256} of every committed segment, after checking each record against its
+    object: the object exists, parses with every CRC right, and holds exactly the size, offsets,
+    record count and seal time its record says; and the records cover the log without a gap."""
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    objects = open_object_store(config)
+    keys = Keys(config.s3_namespace)
+    found: dict[str, str] = {}
+    problems: list[str] = []
+    try:
+        for partition in range(partitions):
+            state_kv = store.get(keys.partition(topic, partition))
+            state = records.decode_partition(state_kv.value) if state_kv else None
+            expected_next = state.log_start_offset if state else 0
+            for kv in store.get_prefix(keys.segments(topic, partition)):
+                record = records.decode_segment(kv.value)
+                key = segments.segment_key(
+                    config.s3_namespace, topic, partition, record.base_offset
+                )
+                data = objects.get(key)
+                try:
+                    parsed = segments.parse_segment(data)
+                except segments.CorruptSegment as exc:
+                    problems.append(f"{key}: {exc}")
+                    continue
+                held = (
+                    len(data),
+                    parsed.base_offset,
+                    parsed.last_offset,
+                    parsed.record_count,
+                    parsed.created_ms,
+                )
+                said = (
+                    record.size,
+                    record.base_offset,
+                    record.last_offset,
+                    record.records,
+                    record.created_ms,
+                )
+                if held != said:
+                    problems.append(
+                        f"{key}: the record says (size, base, last, records, created ms) "
+                        f"{said}, the object holds {held}"
+                    )
+                if record.base_offset != expected_next:
+                    problems.append(f"{key}: expected a segment at {expected_next}")
+                expected_next = record.last_offset + 1
+                found[key] = hashlib.sha256(data).hexdigest()
+            if state is not None and expected_next != state.high_watermark:
+                problems.append(
+                    f"{topic}/{partition}: segments end at {expected_next}, "
+                    f"high watermark {state.high_watermark}"
+                )
+    finally:
+        store.close()
+        objects.close()
+    assert not problems, "\n".join(problems)
+    return found
+
+
+def committed_values(broker: Any, topic: str, partition: int) -> list[bytes]:
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    objects = open_object_store(config)
+    keys = Keys(config.s3_namespace)
+    values: list[bytes] = []
+    try:
+        for kv in store.get_prefix(keys.segments(topic, partition)):
+            record = records.decode_segment(kv.value)
+            key = segments.segment_key(config.s3_namespace, topic, partition, record.base_offset)
+            parsed = segments.parse_segment(objects.get(key))
+            for span in parsed.batches:
+                batch = parsed.data[span.position : span.position + span.length]
+                values.extend(r.value for r in batches.iter_records(batch) if r.value is not None)
+    finally:
+        store.close()
+        objects.close()
+    return values
+
+
+def assert_nothing_acknowledged_lost(broker: Any, loads: list[Load]) -> None:
+    for load in loads:
+        stored = committed_values(broker, load.topic, load.partition)
+        acknowledged = [o.value for o in load.acknowledged()]
+        assert len(stored) == len(set(stored)), f"{load.name}: a record stored twice"
+        missing = set(acknowledged) - set(stored)
+        assert not missing, f"{load.name}: {len(missing)} acknowledged records lost"
+
+
+def assert_refused_with_retriable_errors(loads: list[Load], start: float, end: float) -> None:
+    """Between ``start`` and ``end`` (monotonic) nothing was acknowledged, every answer was a
+    retriable error, and some refusals came at once (not after waiting out a timeout)."""
+    during = [o for load in loads for o in load.outcomes if start <= o.sent_at < end]
+    assert during, "no request was sent during the outage"
+    assert not [o for o in during if o.error == ErrorCode.none], "acknowledged during the outage"
+    assert not [o for o in during if o.error is None], "connections failed during the outage"
+    assert all(o.error is not None and o.error.retriable for o in during), {o.error for o in during}
+    fast = [o for o in during if o.error == ErrorCode.kafka_storage_error and o.elapsed < 1.0]
+    assert fast, f"never refused at once: {sorted({str(o.error) for o in during})}"
+
+
+def assert_only_retriable_errors(loads: list[Load]) -> None:
+    for load in loads:
+        bad = [
+            o
+            for o in load.outcomes
+            if o.error is None or (o.error != ErrorCode.none and not o.error.retriable)
+        ]
+        assert not bad, f"{load.name}: {bad[:5]}"
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_etcd_stopped_for_a_minute_under_load(
+    start_broker: Callable[..., Any], etcd_server: Any, loads: list[Load]
+) -> None:
+    broker = start_broker(backends="real", env={"KAFSCALE_AUTO_CREATE_PARTITIONS": "2"})
+    broker.wait_ready()
+    start_loads(loads, broker, "etcd-outage", 2)
+    start_loads(loads, broker, "etcd-outage-acks1", 1, acks=1)
+    wait_for(lambda: all(len(load.acknowledged()) >= 5 for load in loads), 60, "produce")
+    watch = Watch()
+    etcd_server.stop()
+    stopped_at = time.monotonic()
+    try:
+        watch.sample(broker, 60)
+    finally:
+        etcd_server.start()
+    restarted_at = time.monotonic()
+    wait_for(
+        lambda: all(load.succeeded_after(restarted_at) for load in loads),
+        90,
+        "produce to succeed again after etcd came back",
+    )
+    recovered_in = max(
+        min(o.sent_at for o in load.acknowledged() if o.sent_at >= restarted_at) - restarted_at
+        for load in loads
+    )
+    for load in loads:
+        load.stop()
+    assert broker.running
+    assert_refused_with_retriable_errors(loads, stopped_at + 5.0, restarted_at)
+    assert_only_retriable_errors(loads)
+    assert any(status == 503 and "metadata" in " ".join(p) for status, p in watch.readyz)
+    assert readyz(broker)[0] == 200
+    assert_nothing_acknowledged_lost(broker, loads)
+    committed_objects(broker, "etcd-outage", 2)
+    print(f"etcd down 60 s: produce recovered {recovered_in:.1f} s after etcd was back")
+
+
+def test_s3_paused_under_load(
+    start_broker: Callable[..., Any], s3_server: Any, loads: list[Load]
+) -> None:
+    broker = start_broker(backends="real", env={"KAFSCALE_AUTO_CREATE_PARTITIONS": "2"})
+    broker.wait_ready()
+    start_loads(loads, broker, "s3-outage", 2)
+    start_loads(loads, broker, "s3-outage-acks1", 1, acks=1)
+    wait_for(lambda: all(len(load.acknowledged()) >= 5 for load in loads), 60, "produce")
+    before = committed_objects(broker, "s3-outage", 2)
+    watch = Watch()
+    with s3_server.paused():
+        paused_at = time.monotonic()
+        watch.sample(broker, 30)
+    resumed_at = time.monotonic()
+    wait_for(
+        lambda: all(load.succeeded_after(resumed_at) for load in loads),
+        90,
+        "produce to succeed again after S3 came back",
+    )
+    for load in loads:
+        load.stop()
+    assert broker.running
+    # Detection is bounded by KAFSCALE_S3_LATENCY_THRESHOLD_MS (5 s) plus an in-flight request.
+    assert_refused_with_retriable_errors(loads, paused_at + 10.0, resumed_at)
+    assert_only_retriable_errors(loads)
+    assert any(status == 503 and "objects" in " ".join(p) for status, p in watch.readyz)
+    assert any(values and 0.0 in values for values in watch.s3_healthy), watch.s3_healthy
+    first_refused = min(
+        o.sent_at + o.elapsed
+        for load in loads
+        for o in load.outcomes
+        if o.sent_at >= paused_at and o.error == ErrorCode.kafka_storage_error
+    )
+    assert readyz(broker)[0] == 200
+    assert_nothing_acknowledged_lost(broker, loads)
+    after = committed_objects(broker, "s3-outage", 2)
+    assert {key: after.get(key) for key in before} == before
+    print(f"S3 paused 30 s: first KAFKA_STORAGE_ERROR {first_refused - paused_at:.1f} s in")
+
+
+def test_shards_killed_while_s3_is_paused_never_change_a_committed_object(
+    start_broker: Callable[..., Any], s3_server: Any, loads: list[Load]
+) -> None:
+    broker = start_broker(
+        backends="real",
+        env={"KAFSCALE_AUTO_CREATE_PARTITIONS": "4", "KAFSCALE_FLUSH_INTERVAL_MS": "100"},
+    )
+    broker.wait_ready()
+    start_loads(loads, broker, "kill-paused", 4, acks=1)
+    start_loads(loads, broker, "kill-paused-all", 2, acks=-1)
+    wait_for(lambda: all(len(load.acknowledged()) >= 20 for load in loads), 60, "produce")
+    snapshots = [committed_objects(broker, "kill-paused", 4)]
+    kills = 0
+    with s3_server.paused():
+        paused_at = time.monotonic()
+        while time.monotonic() - paused_at < 30:
+            for victim in ("shard-0", "shard-1"):
+                pid = roles(broker)[victim]
+                os.kill(pid, signal.SIGKILL)
+                kills += 1
+                wait_for(
+                    lambda victim=victim, pid=pid: roles(broker).get(victim, pid) != pid,
+                    30,
+                    f"{victim} to be respawned",
+                )
+                assert broker.running
+                # The new shard takes appends until its own first flush stalls: let some in
+                # (they make the buffers whose flushes race their predecessor's), if it does.
+                acked = acknowledged_count(loads)
+                with contextlib.suppress(AssertionError):
+                    wait_for(lambda acked=acked: acknowledged_count(loads) > acked + 10, 5, "")
+    resumed_at = time.monotonic()
+    wait_for(
+        lambda: all(load.succeeded_after(resumed_at) for load in loads),
+        120,
+        "produce to succeed again on every partition after S3 came back",
+    )
+    snapshots.append(committed_objects(broker, "kill-paused", 4))
+    acked = acknowledged_count(loads)
+    wait_for(lambda: acknowledged_count(loads) > acked + 200, 60, "more produce after recovery")
+    for load in loads:
+        load.stop()
+    assert broker.running
+    final = committed_objects(broker, "kill-paused", 4)
+    committed_objects(broker, "kill-paused-all", 2)
+    for snapshot in snapshots:
+        changed = [key for key, digest in snapshot.items() if final.get(key) != digest]
+        assert not changed, f"committed objects changed: {changed}"
+    assert_only_retriable_errors(loads)
+    assert_nothing_acknowledged_lost(broker, [load for load in loads if load.acks == -1])
+    print(f"{kills} shard kills during a 30 s S3 pause; {len(final)} committed segments intact")
+
+
+def acknowledged_count(loads: list[Load]) -> int:
+    return sum(len(load.acknowledged()) for load in loads)
