@@ -10,10 +10,12 @@ frame's, plus the response's once it is made. While a connection holds
 ``KAFSCALE_CONNECTION_MAX_IN_FLIGHT_REQUESTS`` requests or ``..._MAX_IN_FLIGHT_BYTES`` bytes, the
 reader neither starts another request nor reads from the socket, so a client pipelining faster
 than it is answered, or not reading its responses, is held back by TCP, not buffered. A request
-alone is always served, whatever its size (up to ``KAFSCALE_MAX_REQUEST_BYTES``). So one
-connection holds at most: the bytes limit, plus two frames (the last one started, and the one
-being received), plus one read chunk, plus the responses of its requests in progress; and the
-socket's write buffer holds one response at most (the writer drains after each).
+alone is always served, whatever its size (up to ``KAFSCALE_MAX_REQUEST_BYTES``). Fetch, the one
+request whose response can be large, is also served one at a time per connection (Kafka serves
+every request of a connection one at a time). So one connection holds at most: the bytes limit,
+plus two frames (the last one started, and the one being received), plus one read chunk, plus one
+Fetch response and the (small) responses of its other requests in progress; and the socket's
+write buffer holds one response at most (the writer drains after each).
 
 Idle connections (``connections.max.idle.ms``) are found by the listener from what this class
 reports to its ``IdleExpiry``: bytes received, requests started and finished, responses written.
@@ -48,6 +50,10 @@ from kafscale.protocol.framing import FrameDecoder
 log = logging.getLogger(__name__)
 
 ABANDONABLE = {1}  # API keys safe to cut short when the client is gone: Fetch
+# API keys whose response can be large (Fetch: up to the client's max_bytes): one connection has
+# one of them in flight at a time, as Kafka has every request. Clients send one Fetch per broker
+# at a time anyway; pipelined ones (a hostile client) would otherwise pin a response each.
+ONE_AT_A_TIME = {1}
 READ_CHUNK = 256 * 1024
 JOIN_BELOW = 16 * 1024
 
@@ -58,6 +64,7 @@ class _Request:
 
     task: asyncio.Task[requests.Response | None]
     held: int  # bytes it holds: its frame, and its response once made
+    one_at_a_time: bool
     released: bool = False
 
 
@@ -79,6 +86,7 @@ class Connection:
         self._idle: IdleExpiry[Connection] = idle if idle is not None else IdleExpiry(None)
         self._in_flight: asyncio.Queue[_Request | None] = asyncio.Queue()
         self._requests = 0  # read and not yet answered
+        self._large_responses = 0  # of which ONE_AT_A_TIME (0 or 1)
         self._held = 0  # their bytes (see _Request.held)
         self._room = asyncio.Event()  # set when a request is answered
         self._decoder: FrameDecoder | None = None
@@ -155,16 +163,27 @@ class Connection:
         finally:
             self._waiting_to_read = None
 
-    async def _wait_for_room(self) -> None:
+    async def _wait_for_room(self, one_at_a_time: bool = False) -> None:
         """Back-pressure: wait while this connection holds its limit of requests or bytes (a
-        connection with nothing in flight always has room)."""
-        if self._requests < self.max_requests and self._held < self.max_bytes:
+        connection with nothing in flight always has room), or, for a ONE_AT_A_TIME request,
+        while another such request is in flight."""
+        limit = self._full(one_at_a_time)
+        if limit is None:
             return
-        limit = "requests" if self._requests >= self.max_requests else "bytes"
         metrics.CONNECTIONS_THROTTLED.labels(limit).inc()
-        while self._requests >= self.max_requests or self._held >= self.max_bytes:
+        while self._full(one_at_a_time) is not None:
             self._room.clear()
             await self._room.wait()
+
+    def _full(self, one_at_a_time: bool) -> str | None:
+        """The limit that keeps another request from starting now, if any."""
+        if self._requests >= self.max_requests:
+            return "requests"
+        if self._held >= self.max_bytes:
+            return "bytes"
+        if one_at_a_time and self._large_responses:
+            return "one_fetch"
+        return None
 
     async def _read_requests(self) -> None:
         decoder = FrameDecoder(self.broker.config)
@@ -180,21 +199,23 @@ class Connection:
                 self._idle.active(self, time.monotonic())
                 metrics.BYTES_IN.inc(len(data))
                 for frame in decoder.feed(data):
-                    await self._wait_for_room()
-                    self._in_flight.put_nowait(self._start(frame))
+                    api_key = _api_key(frame)
+                    await self._wait_for_room(api_key in ONE_AT_A_TIME)
+                    self._in_flight.put_nowait(self._start(frame, api_key))
         except DecodeError as exc:
             self._reject(exc)
         except (ConnectionError, OSError):
             self._peer_gone = True
 
-    def _start(self, frame: bytes) -> _Request:
+    def _start(self, frame: bytes, api_key: int) -> _Request:
         task = asyncio.create_task(self._process(frame))
-        request = _Request(task, len(frame))
+        request = _Request(task, len(frame), api_key in ONE_AT_A_TIME)
         self._requests += 1
+        self._large_responses += request.one_at_a_time
         self._held += request.held
         self._idle.request_started(self)
         task.add_done_callback(functools.partial(self._finished, request))
-        if _api_key(frame) in ABANDONABLE:
+        if api_key in ABANDONABLE:
             self._abandonable.add(task)
             task.add_done_callback(self._abandonable.discard)
         return request
@@ -213,6 +234,7 @@ class Connection:
     def _release(self, request: _Request) -> None:
         request.released = True
         self._requests -= 1
+        self._large_responses -= request.one_at_a_time
         self._held -= request.held
         self._room.set()
 

@@ -7,6 +7,7 @@ any size) whose handler the test holds and releases, and whose responses have a 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from kafscale.protocol import codec
 from tests.unit.protocol.test_codec import request_frame
 
 SASL_AUTHENTICATE = 36
+FETCH = 1
 
 
 @dataclass
@@ -47,6 +49,25 @@ def frame(correlation_id: int, size: int) -> bytes:
     """A SaslAuthenticate v0 request frame (length prefix included) of about ``size`` bytes."""
     schema = load_request_schema(SASL_AUTHENTICATE, 0)
     body = request_frame(codec.build(schema, auth_bytes=bytes(size)), correlation_id)
+    return struct.pack(">i", len(body)) + body
+
+
+def fetch_frame(correlation_id: int) -> bytes:
+    schema = load_request_schema(FETCH, 12)
+    request = codec.build(
+        schema,
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=500),
+        min_bytes=1,
+        max_bytes=1024 * 1024,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+    body = request_frame(request, correlation_id)
     return struct.pack(">i", len(body)) + body
 
 
@@ -76,7 +97,10 @@ async def connected(
     api: HeldApi, idle: IdleExpiry[Connection] | None = None, **env: str
 ) -> AsyncIterator[Pair]:
     config = configuration.load({f"KAFSCALE_{k.upper()}": v for k, v in env.items()})
-    apis = {SASL_AUTHENTICATE: Api(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 0, api.handle)}
+    apis = {
+        SASL_AUTHENTICATE: Api(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 0, api.handle),
+        FETCH: Api(FETCH, "Fetch", 12, 12, api.handle),
+    }
     broker = Broker(config, view=None, apis=apis, coordinator=None, shards=None)  # type: ignore[arg-type]
     server_side, client = socket.socketpair()
     client.setblocking(False)
@@ -208,7 +232,8 @@ def test_close_idle_frees_a_connection_whose_client_does_not_read() -> None:
             await settle(lambda: api.answered == 1)
             await settle()
             assert not pair.served.done()  # the writer waits for the client to read
-            assert not pair.connection.write_progressed()  # and the client takes nothing
+            # Once the socket buffers are full, the client takes nothing more.
+            await settle(lambda: not pair.connection.write_progressed())
             assert not idle.is_busy(pair.connection)  # nothing in progress: it may expire
             assert idle.expired(idle.next_expiry() or 0.0) == [pair.connection]
             pair.connection.close_idle()
@@ -231,5 +256,23 @@ def test_a_parked_request_keeps_the_connection_busy() -> None:
             await pair.read_frame()
             await settle(lambda: not idle.is_busy(pair.connection))
             assert idle.next_expiry() is not None
+
+    run(test)
+
+
+def test_pipelined_fetches_are_served_one_at_a_time() -> None:
+    """A Fetch response can be large: a client pipelining fetches it does not read pins one."""
+
+    async def test() -> None:
+        api = HeldApi()
+        async with connected(api) as pair:
+            await pair.send(b"".join(fetch_frame(i) for i in range(10)) + frame(10, 10))
+            await settle(lambda: api.started == 1)
+            await settle()
+            assert api.started == 1  # the next Fetch, and what follows it, wait
+            api.gate.set()
+            ids = [struct.unpack(">ii", (await pair.read_frame())[:8])[1] for _ in range(11)]
+            assert ids == list(range(11))
+            assert api.answered == 11
 
     run(test)
