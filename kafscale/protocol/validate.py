@@ -247,18 +247,19 @@ def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, in
     other than ``no_timestamp`` (``LONG_MAX`` if none) and the highest. Raise ``_Fault`` naming
     the first thing wrong.
 
-    Hot: one-byte varints (zigzag: even bytes are n // 2, odd ones -(n // 2) - 1) are decoded
-    inline, longer ones by kio's native readers; nothing is copied or built per record."""
+    Hot, hence written out field by field: one-byte varints (zigzag: an even byte is n // 2, an
+    odd one -(n // 2) - 1) are decoded inline, longer ones by kio's native readers; nothing is
+    copied or built per record."""
     varint, varlong = read_signed_varint, read_signed_varlong
     end = len(body)
-    base = pos
+    base = start = pos
     lowest, highest = LONG_MAX, LONG_MIN
     index = 0
     try:
         while index < count:
             if pos >= end:
                 raise _Fault(f"the records section holds {index} records, not {count}")
-            where = pos - base
+            start = pos
             byte = body[pos]
             if byte < 0x80:
                 length = (byte >> 1) ^ -(byte & 1)
@@ -269,7 +270,7 @@ def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, in
             stop = pos + length
             if length < MIN_RECORD_BODY or stop > end:
                 raise _Fault(
-                    f"record {index} at byte {where} declares {length} bytes, "
+                    f"record {index} at byte {start - base} declares {length} bytes, "
                     f"{end - pos} remain in the records section"
                 )
             byte = body[pos + 1]  # past the record's attributes byte, unused by Kafka
@@ -280,37 +281,49 @@ def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, in
                 delta, size = varlong(body, pos + 1)
                 pos += 1 + size
             byte = body[pos]
-            if byte < 0x80:
-                offset_delta = (byte >> 1) ^ -(byte & 1)
+            if byte == index << 1:  # the offset delta it must have, in one byte
                 pos += 1
             else:
                 offset_delta, size = varint(body, pos)
+                if offset_delta != index:
+                    raise _Fault(
+                        f"record {index} at byte {start - base} has offset delta {offset_delta}"
+                    )
                 pos += size
-            if offset_delta != index:
-                raise _Fault(f"record {index} at byte {where} has offset delta {offset_delta}")
-            for field in ("key", "value"):
-                byte = body[pos]
-                if byte < 0x80:
+            byte = body[pos]  # the key's length: -1 is null, anything lower is refused
+            if byte < 0x80:
+                if byte & 1:
+                    if byte != 1:
+                        raise _Fault(f"record {index} at byte {start - base} has a negative key")
                     pos += 1
-                    if byte & 1:
-                        if byte != 1:  # -1 is null, anything lower is refused
-                            raise _Fault(f"record {index} at byte {where} has a negative {field}")
-                    else:
-                        pos += byte >> 1
                 else:
-                    size_of, size = varint(body, pos)
-                    if size_of < 0:
-                        raise _Fault(f"record {index} at byte {where} has a negative {field}")
-                    pos += size + size_of
-            byte = body[pos]
-            if byte == 0:  # no headers: the common case
+                    pos += 1 + (byte >> 1)
+            else:
+                field_length, size = varint(body, pos)
+                if field_length < 0:
+                    raise _Fault(f"record {index} at byte {start - base} has a negative key")
+                pos += size + field_length
+            byte = body[pos]  # the value's length, the same way
+            if byte < 0x80:
+                if byte & 1:
+                    if byte != 1:
+                        raise _Fault(f"record {index} at byte {start - base} has a negative value")
+                    pos += 1
+                else:
+                    pos += 1 + (byte >> 1)
+            else:
+                field_length, size = varint(body, pos)
+                if field_length < 0:
+                    raise _Fault(f"record {index} at byte {start - base} has a negative value")
+                pos += size + field_length
+            if body[pos] == 0:  # no headers: the common case
                 pos += 1
             else:
-                pos = _headers(body, pos, stop, f"record {index} at byte {where}")
+                pos = _headers(body, pos, stop, f"record {index} at byte {start - base}")
             if pos != stop:
                 raise _Fault(
-                    f"record {index} at byte {where} declares {length} bytes but its fields "
-                    f"take {length + pos - stop}"
+                    f"record {index} at byte {start - base} declares {length} bytes but its "
+                    f"fields take {length + pos - stop}"
                 )
             if delta > highest:
                 highest = delta
@@ -320,7 +333,7 @@ def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, in
     except IndexError:
         raise _Fault(f"record {index} runs past the end of the records section") from None
     except (BufferUnderflow, ValueError) as exc:  # kio: a varint cut short, or over 5/10 bytes
-        raise _Fault(f"record {index} does not parse: {exc}") from None
+        raise _Fault(f"record {index} at byte {start - base} does not parse: {exc}") from None
     if pos != end:
         raise _Fault(f"{end - pos} bytes follow the last of the batch's {count} records")
     return lowest, highest

@@ -405,7 +405,11 @@ def test_any_records_section_is_refused_or_readable(body: bytes, codec: Codec, c
     if isinstance(result, list):
         assert len(list(iter_records(result[0].data))) == count
     else:
-        assert result.error_code in (ErrorCode.invalid_record, ErrorCode.invalid_timestamp)
+        assert result.error_code in (
+            ErrorCode.invalid_record,
+            ErrorCode.invalid_timestamp,
+            ErrorCode.message_too_large,  # e.g. a snappy block that declares 64 MiB and more
+        )
     with contextlib.suppress(DecodeError):  # the reader raises only the decode error
         list(iter_records(batch(body, count=count, codec=codec)))
 
