@@ -281,7 +281,7 @@ def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, in
                 delta, size = varlong(body, pos + 1)
                 pos += 1 + size
             byte = body[pos]
-            if byte == index << 1:  # the offset delta it must have, in one byte
+            if byte == index << 1 and index < 64:  # the offset delta it must have, one byte
                 pos += 1
             else:
                 offset_delta, size = varint(body, pos)

@@ -376,6 +376,24 @@ def test_what_our_writer_builds_passes(records: list[tuple], codec: Codec) -> No
     assert len(list(iter_records(view.data))) == len(records)
 
 
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.LZ4])
+def test_large_batches_with_multi_byte_varints_pass(codec: Codec) -> None:
+    """Past 63 records offset deltas take two bytes, past 8191 three; lengths past 63 bytes
+    take two, past 8191 three: every width of every field, in one batch."""
+    sizes = [0, 1, 63, 64, 100, 8191, 8192, 20_000]
+    many = [
+        (b"k" * (i % 70) or None, b"v" * sizes[i % len(sizes)], [("h" * (i % 3), b"x")], T0 + i)
+        for i in range(10_000)
+    ]
+    [view] = _check(build_batch(many, codec=codec), BatchPolicy(1 << 30))
+    assert view.header.records_count == 10_000
+    honest = b"".join(record(i, b"v" * i) for i in range(300))
+    _check(batch(honest, count=300))
+    for wrong in (64, 128, 200):  # two-byte deltas: 64 is 0x80 0x01, its first byte 128 = 2 * 64
+        lying = b"".join(record(wrong + 1 if i == wrong else i, b"v" * i) for i in range(300))
+        assert f"record {wrong}" in _refused(batch(lying, count=300), ErrorCode.invalid_record)
+
+
 @given(st.binary(max_size=200))
 def test_any_bytes_give_batches_or_an_error(blob: bytes) -> None:
     result = split_batches(blob, POLICY, NOW, single_batch=False)
