@@ -265,8 +265,8 @@ SETTINGS: tuple[Setting, ...] = (
         "store_lock_ttl_ms",
         "10000",
         _int_in(2000, 300_000),
-        "How long the store lock outlives a broker that died without releasing it (whole "
-        "seconds); a broker starting on that store waits up to this long",
+        "How long the store lock and the registration of a broker that died without releasing "
+        "them outlive it (whole seconds); a broker starting on that store waits up to this long",
     ),
     Setting(
         "data_dir",
@@ -511,6 +511,11 @@ class Config:
     @property
     def uses_etcd(self) -> bool:
         return bool(self.etcd_endpoints)
+
+    @property
+    def store_lock_ttl_s(self) -> int:
+        """``store_lock_ttl_ms`` in whole seconds (rounded up), the granularity of etcd leases."""
+        return -(-self.store_lock_ttl_ms // 1000)
 
     def public_dict(self) -> dict[str, Any]:
         """The effective configuration with secrets masked, for the startup log line."""

@@ -50,7 +50,8 @@ def run(ctx: ChildContext) -> None:
             run_id=ctx.run_id,
         )
         # First, before any other write: a broker id held by another broker stops us here.
-        registration = BrokerRegistration(store, keys, broker)
+        # Its lease lapses with the store lock's: a restart after a crash waits for neither long.
+        registration = BrokerRegistration(store, keys, broker, ttl=config.store_lock_ttl_s)
         registration.register(wait=True)
         admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
         admin.resume_deletions()

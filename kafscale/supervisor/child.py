@@ -169,10 +169,16 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         if not context.is_ready:
             reason = f"{type(exc).__name__}: {exc}"
-            log.error("boot failed", extra={"reason": reason}, exc_info=exc)
+            if unreachable_backend(exc):
+                # An outage, retried for as long as it lasts: one line each time, no traceback.
+                log.warning("cannot boot: a backend is unreachable", extra={"reason": reason})
+                code = EXIT_DEPENDENCY_DOWN
+            else:
+                log.error("boot failed", extra={"reason": reason}, exc_info=exc)
+                code = EXIT_BOOT_FAILED
             context.boot_failed(reason)
             context.close()
-            return EXIT_DEPENDENCY_DOWN if unreachable_backend(exc) else EXIT_BOOT_FAILED
+            return code
         log.critical("crashed", exc_info=exc)
         context.close()
         return 1

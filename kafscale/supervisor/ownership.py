@@ -44,7 +44,6 @@ from __future__ import annotations
 import datetime
 import enum
 import logging
-import math
 import os
 import socket
 import threading
@@ -345,7 +344,7 @@ def acquire(config: Config, store: MetadataStore, run_id: str) -> Ownership:
     """Take this broker's locks, in order: the data directory, then the store.
 
     Raises ``StoreLocked`` (naming the holder) or ``MetadataStoreError``."""
-    ttl_s = max(1, math.ceil(config.store_lock_ttl_ms / 1000))
+    ttl_s = config.store_lock_ttl_s
     record = owner_record(config, run_id, ttl_s)
     dir_lock: DataDirLock | None = None
     if not (config.uses_s3 and config.uses_etcd):  # the data directory holds state
