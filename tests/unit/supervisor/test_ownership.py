@@ -241,6 +241,31 @@ def test_the_lock_survives_an_etcd_outage_longer_than_its_ttl(etcd_server: Any) 
     store.close()
 
 
+def test_the_lock_is_taken_again_after_etcd_paused_longer_than_its_ttl(etcd_server: Any) -> None:
+    """A paused etcd (SIGSTOP) keeps its clock: on resume it may expire the lease before the
+    keeper's refresh gets in. Nobody else took the key meanwhile, so the keeper takes it again."""
+    ns = namespace()
+    store = EtcdMetadataStore([etcd_server.endpoint], timeout=1.0)
+    lock = StoreLock(store, ns, record("run-a"), ttl_s=2)
+    lock.acquire()
+    calls: list[str] = []
+    lock.keep(calls.append)
+    with etcd_server.paused():
+        time.sleep(lock.ttl_s + 2)  # the pause outlasts the TTL: that is the scenario
+
+    def held() -> bool:
+        try:
+            current = store.get(lock.key)
+        except MetadataStoreUnavailable:
+            return False
+        return lock.lease is not None and judge(current, lock.lease.id) is Holding.MINE
+
+    wait_until(held, "the keeper to hold the lock after the pause")
+    assert calls == [] and lock.lost is None
+    lock.release()
+    store.close()
+
+
 # -- acquire: both locks from the configuration -----------------------------------------------
 
 
