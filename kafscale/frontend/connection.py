@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kafscale import metrics
 from kafscale.frontend import requests
@@ -62,10 +61,11 @@ JOIN_BELOW = 16 * 1024
 class _Request:
     """A request read and not yet answered."""
 
-    task: asyncio.Task[requests.Response | None]
     held: int  # bytes it holds: its frame, and its response once made
     one_at_a_time: bool
-    released: bool = False
+    task: asyncio.Task[requests.Response | None] = field(init=False)
+    finished: bool = False  # its task ended (or was given up)
+    released: bool = False  # answered: no longer counted
 
 
 class Connection:
@@ -89,6 +89,7 @@ class Connection:
         self._large_responses = 0  # of which ONE_AT_A_TIME (0 or 1)
         self._held = 0  # their bytes (see _Request.held)
         self._room = asyncio.Event()  # set when a request is answered
+        self._throttled = False  # waited for room since the last read that did not
         self._decoder: FrameDecoder | None = None
         self._write_buffer_seen = 0
         self._closing = asyncio.Event()
@@ -153,7 +154,10 @@ class Connection:
         None once `close()` interrupted the wait."""
         self._waiting_to_read = asyncio.current_task()
         try:
-            await self._wait_for_room()
+            if self._full(False) is None:
+                self._throttled = False
+            else:
+                await self._wait_for_room()
             return await self.reader.read(READ_CHUNK)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -170,7 +174,9 @@ class Connection:
         limit = self._full(one_at_a_time)
         if limit is None:
             return
-        metrics.CONNECTIONS_THROTTLED.labels(limit).inc()
+        if not self._throttled:  # counted once per read, not per request it holds back
+            self._throttled = True
+            metrics.CONNECTIONS_THROTTLED.labels(limit).inc()
         while self._full(one_at_a_time) is not None:
             self._room.clear()
             await self._room.wait()
@@ -200,7 +206,8 @@ class Connection:
                 metrics.BYTES_IN.inc(len(data))
                 for frame in decoder.feed(data):
                     api_key = _api_key(frame)
-                    await self._wait_for_room(api_key in ONE_AT_A_TIME)
+                    if self._full(api_key in ONE_AT_A_TIME) is not None:
+                        await self._wait_for_room(api_key in ONE_AT_A_TIME)
                     self._in_flight.put_nowait(self._start(frame, api_key))
         except DecodeError as exc:
             self._reject(exc)
@@ -208,30 +215,30 @@ class Connection:
             self._peer_gone = True
 
     def _start(self, frame: bytes, api_key: int) -> _Request:
-        task = asyncio.create_task(self._process(frame))
-        request = _Request(task, len(frame), api_key in ONE_AT_A_TIME)
+        request = _Request(len(frame), api_key in ONE_AT_A_TIME)
+        request.task = task = asyncio.create_task(self._process(frame, request))
         self._requests += 1
         self._large_responses += request.one_at_a_time
         self._held += request.held
         self._idle.request_started(self)
-        task.add_done_callback(functools.partial(self._finished, request))
         if api_key in ABANDONABLE:
             self._abandonable.add(task)
             task.add_done_callback(self._abandonable.discard)
         return request
 
-    def _finished(self, request: _Request, task: asyncio.Task[requests.Response | None]) -> None:
-        """A request's task ended: its response (if any) is held until written."""
-        self._idle.request_finished(self, time.monotonic())
-        if request.released or task.cancelled() or task.exception() is not None:
+    def _finished(self, request: _Request, response: requests.Response | None) -> None:
+        """A request ended: its response (if any) is held until written."""
+        if request.finished:
             return
-        response = task.result()
-        if response is not None:
+        request.finished = True
+        self._idle.request_finished(self, time.monotonic())
+        if response is not None and not request.released:
             size = len(response) if isinstance(response, bytes) else _size(response)
             request.held += size
             self._held += size
 
     def _release(self, request: _Request) -> None:
+        self._finished(request, None)  # a task cancelled before it ran never said so
         request.released = True
         self._requests -= 1
         self._large_responses -= request.one_at_a_time
@@ -244,12 +251,15 @@ class Connection:
             if task.cancel():
                 metrics.REQUESTS_ABANDONED.labels("Fetch").inc()
 
-    async def _process(self, frame: bytes) -> requests.Response | None:
+    async def _process(self, frame: bytes, request: _Request) -> requests.Response | None:
         started = time.perf_counter()
         api = _api_label(frame)
+        response = None
         try:
-            return await requests.process(self.broker, frame, self.peer)
+            response = await requests.process(self.broker, frame, self.peer)
+            return response
         finally:
+            self._finished(request, response)
             metrics.REQUESTS.labels(api).inc()
             metrics.REQUEST_SECONDS.labels(api).observe(time.perf_counter() - started)
 
