@@ -103,7 +103,11 @@ class Listener:
                 await self._accept_failed(exc)
                 continue
             host = address[0] if isinstance(address, tuple) else str(address)
-            await self._admit(sock, address_key(host))
+            try:
+                await self._admit(sock, address_key(host))
+            except Exception:  # a bug here must not stop the listener for good
+                log.exception("accepting a connection failed", extra={"peer": host})
+                sock.close()
 
     async def _admit(self, sock: socket.socket, address: str) -> None:
         while (verdict := self.quotas.admit(address)) is Admission.OVER_MAX_CONNECTIONS:
@@ -195,13 +199,18 @@ class Listener:
             interval = min(interval, self.idle.max_idle / 4)
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            for connection in self.idle.expired(now):
-                if connection.write_progressed():
-                    self.idle.opened(connection, now)
-                else:
-                    connection.close_idle()
-            metrics.CONNECTION_HELD_BYTES.set(sum(c.held_bytes for c in self.connections))
+            try:
+                self._sweep_once(time.monotonic())
+            except Exception:  # a bug here must not end idle expiry for good
+                log.exception("connection sweep failed")
+
+    def _sweep_once(self, now: float) -> None:
+        for connection in self.idle.expired(now):
+            if connection.write_progressed():
+                self.idle.opened(connection, now)
+            else:
+                connection.close_idle()
+        metrics.CONNECTION_HELD_BYTES.set(sum(c.held_bytes for c in self.connections))
 
 
 async def _bind(host: str, port: int) -> list[socket.socket]:
