@@ -6,7 +6,8 @@ during another group's boot too -- and what happens next is decided by
 ``kafscale.supervisor.policy``: respawn (at once, or with back-off while a child cannot boot or
 a backend is down), or stop the broker with the child's reason (a first boot that failed, or a
 child that keeps failing to boot). A serving child that stops answering its liveness pings for
-``KAFSCALE_CHILD_HANG_TIMEOUT_MS`` is killed (SIGKILL) and respawned like one that died.
+``KAFSCALE_CHILD_HANG_TIMEOUT_MS``, or a respawned one not ready within it, is killed (SIGKILL)
+and respawned like one that died.
 
 Start-up order is coordinator, flusher, shards, frontend: the listener opens last, once everything
 behind it serves. Shutdown runs the other way round, so no client request arrives at a process
@@ -159,6 +160,7 @@ class Arbiter:
         child.boot_error = None
         child.respawn_at = None
         child.silence = None
+        child.overdue = False
         log.info("spawned", extra={"child": child.name, "child_pid": child.pid})
 
     def _find(self, pid: int) -> Child | None:
@@ -216,6 +218,19 @@ class Arbiter:
     def _kill_hung(self) -> None:
         now = time.monotonic()
         for child in self.children:
+            if policy.boot_overdue(child, now, self.hang_timeout_s):
+                log.error(
+                    "child did not become ready in time; killing it",
+                    extra={
+                        "child": child.name,
+                        "child_pid": child.pid,
+                        "booting_for_s": round(now - child.started_at, 1),
+                    },
+                )
+                metrics.CHILD_HANGS.labels(child.role).inc()
+                child.overdue = True
+                _signal(child.pid, signal.SIGKILL)
+                continue
             silence = policy.hung(child, now, self.hang_timeout_s)
             if silence is None:
                 continue

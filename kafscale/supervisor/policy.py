@@ -17,6 +17,9 @@ says what to do when a child exits and when a child counts as hung. The rules:
   least ``MIN_MISSED_PINGS`` missed, is hung: the arbiter kills it and the first rule respawns it.
   Several missed pings, not a span of time alone, so a pause of the pinging thread itself (it
   also runs the backend checks) never condemns a child.
+- A respawned child still not ready after the hang timeout is hung in its boot: the arbiter kills
+  it and it is respawned like an outage (a boot can wait on a backend that is down), so this
+  never stops the broker either.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Child:
     respawn_at: float | None = None  # when a dead child is due to be spawned again
     boot_error: str | None = None
     silence: Silence | None = None
+    overdue: bool = False  # killed for not becoming ready in time
 
     @property
     def name(self) -> str:
@@ -97,6 +101,12 @@ def on_exit(child: Child, code: int) -> Decision:
     described = describe_exit(code)
     if child.ready:
         return Respawn(0.0, f"died ({described})")
+    if child.overdue:
+        child.overdue = False
+        child.outages += 1
+        return Respawn(
+            _backoff(child.outages, OUTAGE_BACKOFF_MAX_S), "did not become ready in time"
+        )
     reason = child.boot_error or f"exited with {described} before it was ready"
     if code in (EXIT_BOOT_FAILED, EXIT_DEPENDENCY_DOWN) and not child.ever_ready:
         return StopBroker(f"{child.name} failed to boot: {reason}")
@@ -143,3 +153,15 @@ def hung(child: Child, now: float, timeout_s: float) -> Silence | None:
     ):
         return None
     return silence
+
+
+def boot_overdue(child: Child, now: float, timeout_s: float) -> bool:
+    """Whether a respawned ``child`` has been booting for ``timeout_s`` without becoming ready
+    (the first boot has its own deadline, ``KAFSCALE_BOOT_TIMEOUT_MS``)."""
+    return (
+        child.alive
+        and not child.ready
+        and child.ever_ready
+        and not child.overdue
+        and now - child.started_at >= timeout_s
+    )

@@ -171,6 +171,33 @@ def test_a_child_that_stops_answering_pings_is_killed_and_respawned(
     print(f"hung shard replaced {detected_after:.1f} s after SIGSTOP (timeout 6 s)")
 
 
+def test_a_respawned_child_stuck_in_its_boot_is_killed_and_respawned(
+    start_broker: Callable[..., Any], tmp_path: Any
+) -> None:
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    broker = start_broker(
+        env={"KAFSCALE_CHILD_HANG_TIMEOUT_MS": "6000", "KAFSCALE_TEST_HOLD_READY_DIR": str(hold)}
+    )
+    broker.wait_ready()
+    (hold / "shard-1.hold").touch()  # every later shard-1 hangs in its boot
+    os.kill(roles(broker)["shard-1"], signal.SIGKILL)
+
+    def overdue() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in log_entries(broker)
+            if e.get("msg") == "child did not become ready in time; killing it"
+        ]
+
+    wait_for(lambda: len(overdue()) >= 2, 90, "two boots of shard-1 to be killed as overdue")
+    assert all(e["child"] == "shard-1" and e["booting_for_s"] >= 6.0 for e in overdue())
+    assert broker.running  # never a reason to stop the broker
+    (hold / "shard-1.hold").unlink()
+    broker.wait_ready()
+    assert set(roles(broker)) == {"coordinator-0", "flusher-0", "shard-0", "shard-1", "frontend-0"}
+
+
 def test_sigterm_stops_everything_and_leaves_no_shared_memory(
     start_broker: Callable[..., Any],
 ) -> None:

@@ -153,3 +153,27 @@ def test_a_child_not_yet_ready_is_never_hung() -> None:
     child = Child("shard", 0, pid=42)
     child.silence = policy.Silence(42, 0.0, 10)
     assert policy.hung(child, now=1000.0, timeout_s=10.0) is None
+
+
+def test_a_respawn_that_never_becomes_ready_is_overdue_and_respawned_like_an_outage() -> None:
+    child = serving(pid=42)
+    policy.on_exit(child, KILLED)
+    respawned(child, 43)
+    child.started_at = 100.0
+    assert not policy.boot_overdue(child, now=159.9, timeout_s=60.0)
+    assert policy.boot_overdue(child, now=160.0, timeout_s=60.0)
+    child.overdue = True  # the arbiter kills it
+    assert not policy.boot_overdue(child, now=200.0, timeout_s=60.0)  # killed once
+    for attempt in range(MAX_BOOT_FAILURES + 2):
+        decision = policy.on_exit(child, KILLED)
+        assert isinstance(decision, Respawn), decision  # never stops the broker
+        assert decision.reason == "did not become ready in time"
+        respawned(child, 50 + attempt)
+        child.overdue = True
+    assert child.boot_failures == 0
+
+
+def test_a_first_boot_is_never_overdue_here() -> None:
+    # The first boot has its own deadline (KAFSCALE_BOOT_TIMEOUT_MS) in the arbiter's boot().
+    child = Child("shard", 0, pid=9, started_at=0.0)
+    assert not policy.boot_overdue(child, now=1000.0, timeout_s=60.0)
