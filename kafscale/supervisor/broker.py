@@ -32,6 +32,9 @@ log = logging.getLogger("kafscale.supervisor")
 
 def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
     arbiter: Arbiter | None = None
+    # Until the arbiter installs its handlers, SIGTERM interrupts start-up as Ctrl-C does: the
+    # backend checks and the wait for the store lock may take a while.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         with (
             _backends(config) as (objects, store),
@@ -48,6 +51,9 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
                 arbiter.shutdown()  # every child stops while the store is still ours
             if owned.lost is not None:
                 arbiter.failure = f"the store lock was lost: {owned.lost}"
+    except KeyboardInterrupt:  # SIGTERM or SIGINT before the arbiter's handlers
+        log.critical("cannot start: interrupted during start-up")
+        return 1
     except StartupError as exc:
         if arbiter is not None and arbiter.failure:  # the lock was lost during the boot
             log.critical("stopped: %s", arbiter.failure)
@@ -87,15 +93,10 @@ def _backends(config: Config) -> Iterator[tuple[ObjectStore, MetadataStore]]:
 @contextlib.contextmanager
 def _store_lock(config: Config, store: MetadataStore, run_id: str) -> Iterator[ownership.Ownership]:
     """Hold the store lock for the body; StartupError, naming the holder, if another has it."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # the wait may last a lease's TTL
     try:
         owned = ownership.acquire(config, store, run_id)
-    except KeyboardInterrupt:
-        raise StartupError("interrupted while waiting for the store lock") from None
     except (ownership.StoreLocked, MetadataStoreError, OSError) as exc:
         raise StartupError(str(exc)) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     try:
         yield owned
     finally:

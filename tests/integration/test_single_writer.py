@@ -9,6 +9,8 @@ once its lease runs out; a broker whose lock is taken stops at once; namespaces 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -133,6 +135,22 @@ def test_second_broker_on_one_bucket_and_namespace_refuses_naming_the_first(
     assert "one store, one broker" in refusal
     assert spawned_children(second) == 0
     assert_first_unaffected(first, before)
+
+
+def test_sigterm_while_waiting_for_the_lock_stops_the_waiting_broker(
+    start_broker: Callable[..., Any],
+) -> None:
+    first = start_broker(backends="real", ready=True)  # the default TTL: a 12 s wait
+    second = start_broker(backends="real")
+    deadline = time.monotonic() + 60
+    while not any("waiting up to" in line["msg"] for line in log_lines(second)):
+        assert second.running and time.monotonic() < deadline, second.log_tail()
+        time.sleep(0.1)
+    os.kill(second.pid, signal.SIGTERM)
+    assert second.wait(timeout=10) == 1
+    assert critical(second) == "cannot start: interrupted during start-up"
+    assert spawned_children(second) == 0
+    first.wait_ready(timeout=10)
 
 
 def test_after_a_sigkill_a_new_broker_starts_once_the_lease_runs_out(
