@@ -13,7 +13,8 @@ holds it for the broker's life, and releases it on a clean shutdown (after every
 - **A crashed holder.** A SIGKILLed broker cannot release: its lease runs out within its TTL. A
   broker that finds the lock held therefore waits up to the holder's TTL (+2 s) for it to go,
   saying so in one log line, and refuses to start, naming the holder, if it does not. So a pod
-  Kubernetes restarts after a crash serves again at most one TTL later. It never takes over a
+  Kubernetes restarts after a crash takes the lock at most one TTL (+2 s) after the crash and
+  then boots as usual. It never takes over a
   lock that is still held, even one that looks like its own (same broker id and host): nothing in
   the record proves its writer dead -- two processes on one host share the host name, a
   container's supervisor is pid 1 every time, a pod IP is reused -- and taking over a live
