@@ -48,11 +48,12 @@ from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards import reads
 from kafscale.shards.cache import ByteLRU, Chunk
-from kafscale.shards.partition import LEADER_EPOCH, PartitionLog, StaleTopic
+from kafscale.shards.offsets import OffsetLookups
+from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.reads import SegmentRef
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
-from kafscale.storage.segment import CorruptBatch, CorruptSegment, Index
+from kafscale.storage.segment import CorruptSegment, Index
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,6 @@ READ_WORKERS = 8
 READ_BACKOFF_MS = 1000
 MAX_READAHEADS = 4  # whole-segment prefetches in flight per shard
 
-LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 # The retriable error of a read the object store cannot serve now. Every client retries it
 # without telling the application, but Java and aiokafka at once (no backoff): so a fetch with
 # only this to say waits out its max_wait_ms like an empty one instead of answering at once.
@@ -98,13 +98,6 @@ class FetchOp:
     parked_ms: int = -1  # when it began to wait; -1 while not waiting
 
 
-@dataclass(eq=False)
-class ListOp:
-    incoming: Incoming
-    answers: list[messages.OffsetAnswer]
-    reading: int = 0
-
-
 class ReadPath:
     def __init__(
         self,
@@ -119,7 +112,7 @@ class ReadPath:
         self.unflushed = config.fetch_unflushed
         self.readahead = config.readahead_segments
         self.decompression_factor = config.max_decompression_factor
-        self._faults = FaultLog(log, "shard", metrics.READ_FAULTS.labels("shard").inc)
+        self.faults = FaultLog(log, "shard", metrics.READ_FAULTS.labels("shard").inc)
         self.objects = objects
         self.server = server
         self.partition_for = partition_for
@@ -140,6 +133,7 @@ class ReadPath:
         self._refuse_until_ms = 0
         self._probing = False
         metrics.S3_READ_HEALTHY.labels(label).set(1)
+        self.offsets = OffsetLookups(self)
 
     # -- events from the shard -----------------------------------------------------------------
 
@@ -153,7 +147,7 @@ class ReadPath:
         """A segment was committed; ``chunk`` is its batches as they were buffered."""
         partition.segments.add(record)
         if chunk is not None:
-            self._store((partition.topic_id, partition.partition, record.base_offset), chunk)
+            self.store((partition.topic_id, partition.partition, record.base_offset), chunk)
         if not self.unflushed:
             self.advanced(partition)
 
@@ -212,11 +206,11 @@ class ReadPath:
 
     def _plan(self, op: FetchOp, entry: messages.FetchEntry) -> Part:
         part = Part(entry.offset, entry.max_bytes)
-        partition = self._partition(entry.topic, entry.topic_id, entry.partition, entry)
+        partition = self.partition_of(entry.topic, entry.topic_id, entry.partition, entry)
         if isinstance(partition, messages.OffsetAnswer):
             part.error, part.message = ErrorCode(partition.error_code), partition.message
             return part
-        end = self._visible_end(partition)
+        end = self.visible_end(partition)
         part.high_watermark, part.log_start_offset = end, partition.log_start_offset
         offset = entry.offset
         if offset < partition.log_start_offset or offset > partition.next_offset:
@@ -240,12 +234,12 @@ class ReadPath:
         if segment is None:
             return
         key = (partition.topic_id, partition.partition, segment.base_offset)
-        chunk = self._cached(key, part.offset)
+        chunk = self.cached(key, part.offset)
         if chunk is not None:
             part.chunk = chunk
             self._read_ahead(partition, segment)
             return
-        if self._refused(part):
+        if self.refused(part):
             return
         ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, segment)
         index = self.indexes.get(key)
@@ -254,21 +248,21 @@ class ReadPath:
         def done(result: tuple[Index | None, Chunk] | None, error: BaseException | None) -> None:
             op.reading -= 1
             if result is None:
-                self._read_failed(part, ref.key, error)
+                self.read_failed(part, ref.key, error)
             else:
                 fetched_index, chunk = result
                 if index is None and fetched_index is not None:
                     self.indexes.put(key, fetched_index, max(segment.index_size, 1))
                     self._gauges()
-                self._healthy()
-                self._store(key, chunk)
+                self.healthy()
+                self.store(key, chunk)
                 part.chunk = chunk
                 self._read_ahead(partition, segment)
             if op.reading == 0:
                 self._settle(op)
 
         op.reading += 1
-        self._submit(_range_job, (self.objects, ref, index, part.offset, part.max_bytes), done)
+        self.submit(_range_job, (self.objects, ref, index, part.offset, part.max_bytes), done)
 
     def _settle(self, op: FetchOp) -> None:
         """Answer now if there is enough (or an error, a release, the deadline); else park."""
@@ -333,130 +327,11 @@ class ReadPath:
     # -- list offsets --------------------------------------------------------------------------
 
     def on_list_offsets(self, incoming: Incoming, request: messages.ListOffsets) -> None:
-        op = ListOp(incoming, [messages.OffsetAnswer()] * len(request.queries))
-        for i, query in enumerate(request.queries):
-            self._lookup(op, i, query)
-        if op.reading == 0:
-            self.server.reply(incoming, messages.OffsetsListed(results=op.answers))
-
-    def _lookup(self, op: ListOp, i: int, query: messages.OffsetQuery) -> None:
-        partition = self._partition(query.topic, query.topic_id, query.partition, query)
-        if isinstance(partition, messages.OffsetAnswer):
-            op.answers[i] = partition
-            return
-        end = self._visible_end(partition)
-        timestamp = query.timestamp
-        if timestamp == LATEST:
-            op.answers[i] = _found(end)
-        elif timestamp in (EARLIEST, EARLIEST_LOCAL):
-            op.answers[i] = _found(partition.log_start_offset)
-        elif timestamp == LATEST_TIERED:
-            # Nothing is "tiered" apart from the log itself: Kafka answers a topic without tiered
-            # storage with no offset.
-            op.answers[i] = messages.OffsetAnswer()
-        elif timestamp < 0 and timestamp != MAX_TIMESTAMP:
-            op.answers[i] = messages.OffsetAnswer(
-                error_code=int(ErrorCode.invalid_request),
-                message=f"unknown special timestamp {timestamp}",
-            )
-        else:
-            self._search(op, i, partition, timestamp)
-
-    def _search(self, op: ListOp, i: int, partition: PartitionLog, timestamp: int) -> None:
-        """Find the first record with a timestamp >= ``timestamp`` (MAX_TIMESTAMP: the first
-        record with the largest timestamp); whole segments are read, the one that holds it.
-        Records are decoded on a reader thread, never on the shard's loop: a batch that does not
-        decode is CORRUPT_MESSAGE for this partition (as Kafka answers), nothing more."""
-        find_max = timestamp == MAX_TIMESTAMP
-        segments = partition.segments
-        segment = segments.max_timestamp() if find_max else segments.first_reaching(timestamp)
-        buffered = [] if not self.unflushed else [*partition.sealed]
-        if self.unflushed and partition.open is not None:
-            buffered.append(partition.open)
-        where = f"{partition.topic}-{partition.partition}"
-        if find_max:
-            best = segment.max_timestamp if segment is not None else -1
-            later = [b for b in buffered if b.max_timestamp > best and b.size]
-            if later:
-                top = max(b.max_timestamp for b in later)
-                first = next(b for b in later if b.max_timestamp == top)
-                self._search_chunk(op, i, first.whole(), top, True, f"{where} buffer")
-                return
-            target = best
-        else:
-            target = timestamp
-            if segment is None:
-                reaching = [b for b in buffered if b.max_timestamp >= timestamp and b.size]
-                if reaching:
-                    self._search_chunk(op, i, reaching[0].whole(), timestamp, False, where)
-                else:
-                    op.answers[i] = messages.OffsetAnswer()
-                return
-        if segment is None:
-            op.answers[i] = messages.OffsetAnswer()
-            return
-        key = (partition.topic_id, partition.partition, segment.base_offset)
-        ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, segment)
-        chunk = self._cached(key, segment.base_offset, whole=True)
-        if chunk is not None:
-            self._search_chunk(op, i, chunk, target, find_max, ref.key)
-            return
-        failed = Part(0, 0)
-        if self._refused(failed):
-            op.answers[i] = _error(failed.error, failed.message)
-            return
-
-        def done(
-            result: tuple[Chunk, tuple[int, int] | None] | None, error: BaseException | None
-        ) -> None:
-            if result is not None:
-                self._healthy()
-                self._store(key, result[0])
-            self._searched(op, i, ref.key, None if result is None else result[1], error)
-
-        op.reading += 1
-        args = (self.objects, ref, target, find_max, self.decompression_factor)
-        self._submit(reads.search_segment, args, done)
-
-    def _search_chunk(
-        self, op: ListOp, i: int, chunk: Chunk, target: int, exact: bool, where: str
-    ) -> None:
-        def done(result: tuple[int, int] | None, error: BaseException | None) -> None:
-            self._searched(op, i, where, result, error)
-
-        op.reading += 1
-        args = (chunk, target, exact, self.decompression_factor, where)
-        self._submit(reads.find_timestamp, args, done)
-
-    def _searched(
-        self,
-        op: ListOp,
-        i: int,
-        where: str,
-        found: tuple[int, int] | None,
-        error: BaseException | None,
-    ) -> None:
-        op.reading -= 1
-        if isinstance(error, CorruptBatch):
-            self._faults.report(where, str(error), api="ListOffsets")
-            op.answers[i] = _error(ErrorCode.corrupt_message, str(error))
-        elif error is not None:
-            failed = Part(0, 0)
-            self._read_failed(failed, where, error)
-            op.answers[i] = _error(failed.error, failed.message)
-        elif found is not None:
-            offset, timestamp = found
-            op.answers[i] = messages.OffsetAnswer(
-                offset=offset, timestamp=timestamp, leader_epoch=LEADER_EPOCH
-            )
-        else:
-            op.answers[i] = messages.OffsetAnswer()
-        if op.reading == 0:
-            self.server.reply(op.incoming, messages.OffsetsListed(results=op.answers))
+        self.offsets.on_list_offsets(incoming, request)
 
     # -- shared --------------------------------------------------------------------------------
 
-    def _partition(
+    def partition_of(
         self, topic: str, topic_id: str, partition: int, query: Any
     ) -> PartitionLog | messages.OffsetAnswer:
         try:
@@ -467,7 +342,7 @@ class ReadPath:
             log.exception("cannot load partition", extra={"topic": topic, "partition": partition})
             return _error(ErrorCode.kafka_storage_error, f"cannot load the partition: {exc}")
 
-    def _visible_end(self, partition: PartitionLog) -> int:
+    def visible_end(self, partition: PartitionLog) -> int:
         return partition.next_offset if self.unflushed else partition.high_watermark
 
     def _segment(self, partition: PartitionLog, offset: int, part: Part) -> SegmentRecord | None:
@@ -481,7 +356,7 @@ class ReadPath:
             part.message = f"no committed segment holds offset {offset}"
         return segment
 
-    def _cached(self, key: SegmentKey, offset: int, whole: bool = False) -> Chunk | None:
+    def cached(self, key: SegmentKey, offset: int, whole: bool = False) -> Chunk | None:
         for chunk in self.segments.get(key) or ():
             if chunk.holds(offset) and (chunk.complete or not whole):
                 metrics.CACHE_LOOKUPS.labels("segment", "hit").inc()
@@ -489,7 +364,7 @@ class ReadPath:
         metrics.CACHE_LOOKUPS.labels("segment", "miss").inc()
         return None
 
-    def _store(self, key: SegmentKey, chunk: Chunk) -> None:
+    def store(self, key: SegmentKey, chunk: Chunk) -> None:
         held = self.segments.peek(key) or ()
         if chunk.complete:
             chunks: tuple[Chunk, ...] = (chunk,)
@@ -514,22 +389,22 @@ class ReadPath:
                 continue  # would push out more than it is worth
             self._prefetching.add(key)
             ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, following)
-            self._submit(reads.read_segment, (self.objects, ref), self._prefetched(key, ref))
+            self.submit(reads.read_segment, (self.objects, ref), self._prefetched(key, ref))
 
     def _prefetched(self, key: SegmentKey, ref: SegmentRef) -> Callable[..., None]:
         def done(result: Chunk | None, error: BaseException | None) -> None:
             self._prefetching.discard(key)
             if result is None:
                 metrics.READAHEADS.labels("failed").inc()
-                self._read_failed(Part(0, 0), ref.key, error)
+                self.read_failed(Part(0, 0), ref.key, error)
             else:
                 metrics.READAHEADS.labels("done").inc()
-                self._store(key, result)
-                self._healthy()
+                self.store(key, result)
+                self.healthy()
 
         return done
 
-    def _refused(self, part: Part) -> bool:
+    def refused(self, part: Part) -> bool:
         """Whether reads from the object store are refused now (and ``part`` says so)."""
         if self._degraded:
             if self.now() < self._refuse_until_ms or self._probing:
@@ -539,7 +414,18 @@ class ReadPath:
             self._probing = True  # this read finds out whether the store is back
         return False
 
-    def _read_failed(self, part: Part, key: str, error: BaseException | None) -> None:
+    def refusal(self) -> tuple[ErrorCode, str | None] | None:
+        """``refused`` for a request that is not a fetch: the error to answer, if refused."""
+        part = Part(0, 0)
+        return (part.error, part.message) if self.refused(part) else None
+
+    def read_error(self, key: str, error: BaseException | None) -> tuple[ErrorCode, str | None]:
+        """``read_failed`` for a request that is not a fetch: the error to answer."""
+        part = Part(0, 0)
+        self.read_failed(part, key, error)
+        return part.error, part.message
+
+    def read_failed(self, part: Part, key: str, error: BaseException | None) -> None:
         part.error = ErrorCode.kafka_storage_error
         self._probing = False  # whatever the probe found, the next read may probe again
         if isinstance(error, ObjectStoreError) and not isinstance(error, ObjectNotFound):
@@ -551,19 +437,19 @@ class ReadPath:
             metrics.S3_READ_HEALTHY.labels(self.label).set(0)
         elif isinstance(error, (CorruptSegment, ObjectNotFound, records.CorruptRecordBatch)):
             part.message = f"committed data cannot be read: {error}"
-            self._faults.report(key, str(error))
+            self.faults.report(key, str(error))
         else:
             part.error = ErrorCode.unknown_server_error
             part.message = f"reading {key} failed: {error!r}"
             log.error("read failed", exc_info=error, extra={"key": key})
 
-    def _healthy(self) -> None:
+    def healthy(self) -> None:
         if self._degraded:
             log.info("object store reads succeed again")
             self._degraded = self._probing = False
             metrics.S3_READ_HEALTHY.labels(self.label).set(1)
 
-    def _submit(
+    def submit(
         self, job: Callable[..., T], args: tuple[Any, ...], done: Callable[..., None]
     ) -> None:
         def complete(future: concurrent.futures.Future[T]) -> None:
@@ -590,10 +476,6 @@ def _range_job(
                 "index unusable; reading the segment from its start", extra={"error": str(exc)}
             )
     return index, reads.read_range(objects, ref, index, offset, max_bytes)
-
-
-def _found(offset: int) -> messages.OffsetAnswer:
-    return messages.OffsetAnswer(offset=offset, leader_epoch=LEADER_EPOCH)
 
 
 def _error(code: ErrorCode, message: str | None) -> messages.OffsetAnswer:

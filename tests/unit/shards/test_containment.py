@@ -158,7 +158,7 @@ def test_a_read_completion_that_raises_does_not_stop_the_others(rig: Rig) -> Non
         finished.append(result)
 
     for n in (1, 2, 3):
-        rig.shard.reads._submit(lambda n=n: n, (), done)  # reads done on the reader threads
+        rig.shard.reads.submit(lambda n=n: n, (), done)  # reads done on the reader threads
     completed = rig.shard.reads._done
     wait_until(lambda: True if completed.qsize() == 3 else None, timeout=10, what="the reads")
     rig.shard._complete_reads()
