@@ -1,4 +1,5 @@
-"""The shard's read path: Fetch and ListOffsets for the partitions the shard owns.
+"""The shard's read path: Fetch and ListOffsets for the partitions the shard owns (ListOffsets
+itself is ``kafscale.shards.offsets``; the caches, reader threads and S3 health here serve both).
 
 Where a fetch at offset O is served from:
 
