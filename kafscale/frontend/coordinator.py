@@ -3,7 +3,8 @@
 Only the coordinator writes metadata. After it answers, the frontend waits until its own watched
 view holds the coordinator's writes, so a client that creates a topic and then asks for metadata
 sees the topic. A coordinator that cannot be reached (restarting) yields a retriable error for
-each topic instead of a hang.
+each topic instead of a hang; so does a coordinator that answers ``ErrorReply`` (it could not
+reach its metadata store).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kafscale.ipc.messages import (
     AllocateProducerId,
     CreateTopics,
     DeleteTopics,
+    ErrorReply,
     Message,
     ProducerIdAllocated,
     TopicResult,
@@ -29,6 +31,11 @@ from kafscale.protocol.errors import ErrorCode
 log = logging.getLogger(__name__)
 
 TIMEOUT_SECONDS = 30.0
+
+
+class CoordinatorFailed(RpcError):
+    """The coordinator answered ``ErrorReply``: it could not serve the request (its metadata
+    store is unreachable, or the request failed in it). Callers treat it as unavailable."""
 
 
 class CoordinatorClient:
@@ -51,8 +58,10 @@ class CoordinatorClient:
 
     async def call(self, request: Message, timeout: float = TIMEOUT_SECONDS) -> Message:
         """The coordinator's reply to any request it serves; raises RpcError when it cannot be
-        reached in time."""
+        reached in time, or answers ``ErrorReply`` (``CoordinatorFailed``)."""
         reply = await self.rpc.call(request, timeout=timeout)
+        if isinstance(reply.message, ErrorReply):
+            raise CoordinatorFailed(reply.message.message)
         return reply.message
 
     async def caught_up(self, revision: int) -> None:
@@ -81,15 +90,19 @@ class CoordinatorClient:
             reply = await self.rpc.call(request, timeout=TIMEOUT_SECONDS)
         except RpcError as exc:
             log.warning("coordinator unavailable", extra={"error": str(exc)})
-            return [
-                TopicResult(
-                    name=name,
-                    error_code=int(ErrorCode.request_timed_out),
-                    error_message=f"the coordinator is unavailable: {exc}",
-                )
-                for name in names
-            ]
+            return _unavailable(names, "the coordinator is unavailable")
+        if isinstance(reply.message, ErrorReply):
+            # The coordinator could not serve it (its metadata store is down): retriable too.
+            log.warning("coordinator failed", extra={"error": reply.message.message})
+            return _unavailable(names, "the metadata store is unavailable")
         if not isinstance(reply.message, TopicResults):
             raise RpcError(f"unexpected reply from the coordinator: {reply.message!r}")
         await self.caught_up(reply.message.revision)
         return reply.message.results
+
+
+def _unavailable(names: list[str | None], why: str) -> list[TopicResult]:
+    return [
+        TopicResult(name=name, error_code=int(ErrorCode.request_timed_out), error_message=why)
+        for name in names
+    ]

@@ -133,6 +133,16 @@ class Load(threading.Thread):
         assert not self.is_alive(), f"{self.name} did not stop"
 
 
+def produce_once(broker: Any, topic: str) -> ErrorCode:
+    """One acks=all request on a fresh connection; its error code (raises if the broker closed
+    the connection instead of answering)."""
+    load = Load(broker, topic, 0, -1, "once")
+    with Wire((LOOPBACK, broker.port), timeout=60) as wire:
+        wire.send(load._request(b"once"), 1)
+        _, response = wire.read_response(RESPONSE)
+    return ErrorCode(response.responses[0].partition_responses[0].error_code)
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -326,6 +336,9 @@ def test_etcd_stopped_for_a_minute_under_load(
     stopped_at = time.monotonic()
     try:
         watch.sample(broker, 10)
+        # A topic that does not exist cannot be created now: a retriable error, not a closed
+        # connection (the coordinator answers that its store is down).
+        assert produce_once(broker, "etcd-outage-new").retriable
         # Processes that must boot while etcd is down (the reported failure: the coordinator
         # failed to boot 5 times in 11 s and the broker exited) keep trying, with back-off.
         before = roles(broker)
