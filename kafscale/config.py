@@ -410,6 +410,13 @@ SETTINGS: tuple[Setting, ...] = (
         "memory (~25x) and CPU of decoding one request",
     ),
     Setting(
+        "max_request_elements",
+        "30000",
+        _int_in(100, 10_000_000),
+        "Most array elements (topics, partitions, groups, ...) one request may hold: bounds the "
+        "event-loop time of handling and answering it (~10 us each at worst)",
+    ),
+    Setting(
         "shards",
         str(os.cpu_count() or 1),
         _int_in(1, 256),
@@ -489,6 +496,7 @@ class Config:
     s3_latency_threshold_ms: int
     max_request_bytes: int
     max_decoded_request_bytes: int
+    max_request_elements: int
     shards: int
     log_level: str
     boot_timeout_ms: int

@@ -10,9 +10,10 @@ Decisions, in Kafka's order:
 5. A known API we do not implement, or a version outside our range: that version's response
    with UNSUPPORTED_VERSION in its error fields, so the client sees an error, not a hang-up.
 6. Otherwise decode (trailing bytes ignored, see ``codec``) and call the handler. Decoding checks
-   the frame's structure first (``kafscale.protocol.bounds``): what does not parse, or decodes
-   into more than ``KAFSCALE_MAX_DECODED_REQUEST_BYTES`` of fields, raises a DecodeError, and the
-   connection closes with a log line saying why (Kafka: InvalidRequestException, closed).
+   the frame's structure first (``kafscale.protocol.bounds``): what does not parse, or holds more
+   than ``KAFSCALE_MAX_REQUEST_ELEMENTS`` array elements or ``KAFSCALE_MAX_DECODED_REQUEST_BYTES``
+   of fields, raises a DecodeError, and the connection closes with a log line saying why (Kafka:
+   InvalidRequestException, closed).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ async def process(broker: Broker, frame: bytes, peer: str) -> Response | None:
             raise MalformedRequest(f"{name} v{version} has no response format")
         response = codec.error_response(response_schema, ErrorCode.unsupported_version)
         return codec.encode_response(correlation_id, response)
-    header, request = codec.decode_request(frame, schema, broker.config.max_decoded_request_bytes)
+    header, request = codec.decode_request(frame, schema, broker.config)
     response = await api.handle(RequestContext(broker, header, peer), request)
     if response is None:
         return None

@@ -1,4 +1,4 @@
-"""The structure check a request frame passes before kio decodes it: what decoding may cost.
+"""The structure check a request frame passes before kio decodes it.
 
 kio's native reader trusts the lengths it reads. An array count becomes ``Vec::with_capacity``
 before the first element is read, so a 25-byte Metadata v12 whose compact topics array claims
@@ -11,36 +11,32 @@ kio schema, with kio's own field classification (``kio.serial._introspect``, whi
 compiler calls too), reading lengths and building no value. When it returns:
 
 - every array count, string and bytes length fits in the bytes that remain: an array of n
-  elements needs n times its element's smallest encoding, so kio can allocate no more than a
-  small constant times the bytes received;
+  elements needs n times its element's smallest encoding, so kio allocates no more than a small
+  constant times the bytes received;
 - a null appears only where the schema allows one (Kafka: "non-nullable field was serialized as
   null");
 - every tagged field is one the schema knows and spans exactly the size it declares, or it has
   been cut out of the frame returned (Kafka's generated parsers skip unknown tags: a newer client
   may send tags a version did not have when kio was generated);
-- the frame less its opaque payloads (``bytes`` and ``records`` fields: record batches, group
-  protocol metadata and assignments, each decoded as one bytes object) is at most
-  ``max_decoded_bytes``. That part is what kio turns into a Python object per field: at worst
-  ~25 bytes of memory and ~0.3 us of CPU per byte received (docs/operations.md, "Request
-  decoding"), so the limit bounds both.
+- the request holds at most ``max_request_elements`` array elements, and its bytes besides
+  opaque payloads (``limits.OPAQUE_TYPES``: record batches, group metadata) are at most
+  ``max_decoded_request_bytes`` (why: ``kafscale.protocol.limits``).
 
 The walk takes one Python step per field that is not fixed-size, per array element and per
 tagged field; a run of fixed-size fields is one step, an array of fixed-size entities one step
-in all. It stops at the first fault, and the budget check at each array stops it after at most
-``max_decoded_bytes`` elements.
+in all. It stops at the first fault, and its element count stops it after at most
+``max_request_elements`` elements.
 """
 
 from __future__ import annotations
 
-import functools
 import struct
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any
 
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema
 from kio.serial._introspect import (
     EntityField,
     EntityTupleField,
@@ -51,7 +47,8 @@ from kio.serial._introspect import (
     is_optional,
 )
 
-from kafscale.protocol.errors import FrameTooLarge, MalformedRequest
+from kafscale.protocol.errors import MalformedRequest, RequestTooLarge
+from kafscale.protocol.limits import OPAQUE_TYPES, RequestLimits
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -76,82 +73,23 @@ _FIXED_SIZES = {
 }
 
 
-PRODUCE = 0
-FIRST_KIO_PRODUCE_VERSION = 3  # v0-2 are refused, parsed by hand (legacy_produce)
-SASL_APIS = (17, 36)  # SaslHandshake, SaslAuthenticate
-#: Kafka's sasl.server.max.receive.size default.
-MAX_SASL_REQUEST_BYTES = 512 * 1024
-
-
-class RequestLimits(Protocol):
-    """The two settings that bound a request (``kafscale.config.Config`` has both)."""
-
-    @property
-    def max_request_bytes(self) -> int: ...
-
-    @property
-    def max_decoded_request_bytes(self) -> int: ...
-
-
-def max_frame_bytes(limits: RequestLimits, api_key: int, api_version: int) -> int:
-    """The largest frame accepted for a request of this API version, judged from its first
-    bytes. A request that carries opaque payloads (record batches, group protocol metadata and
-    assignments) may fill ``max_request_bytes``, its other bytes being held to
-    ``max_decoded_request_bytes`` by ``check_request``; any other request is decoded field by
-    field whole, so the decoded limit is its frame limit. SASL requests: Kafka's 512 KiB."""
-    decoded = min(limits.max_decoded_request_bytes, limits.max_request_bytes)
-    if api_key in SASL_APIS:
-        return min(decoded, MAX_SASL_REQUEST_BYTES)
-    if _carries_opaque(api_key, api_version):
-        return limits.max_request_bytes
-    return decoded
-
-
-@functools.cache
-def _carries_opaque(api_key: int, api_version: int) -> bool:
-    if api_key == PRODUCE and api_version < FIRST_KIO_PRODUCE_VERSION:
-        return False  # refused whatever it holds
-    try:
-        schema = load_request_schema(api_key, api_version)
-    except (UnknownAPIKey, UnknownEntity):
-        return False  # refused once read
-    return _has_opaque(schema)
-
-
-def _has_opaque(cls: type[Any]) -> bool:
-    for field in fields(cls):
-        kind = classify_field(field)
-        if isinstance(kind, (EntityField, EntityTupleField)):
-            if _has_opaque(kind.type_):
-                return True
-        elif get_schema_field_type(field) in OPAQUE_TYPES:
-            return True
-    return False
-
-
-#: Field types decoded as one bytes object each, whatever their size: not field by field.
-OPAQUE_TYPES = ("bytes", "records")
-
-
 _Cut = tuple[int, int, bytes]  # (start, end, replacement): a span of the frame to replace
 
 
 class _Walk:
-    """Where a walk over one frame stands: its bounds, what it skipped as opaque, its cuts."""
+    """Where a walk over one frame stands: its bounds, what it skipped as opaque, the elements
+    it counted, its cuts."""
 
-    __slots__ = ("cuts", "data", "end", "limit", "opaque")
+    __slots__ = ("cuts", "data", "decoded_limit", "element_limit", "elements", "end", "opaque")
 
-    def __init__(self, data: bytes, limit: int) -> None:
+    def __init__(self, data: bytes, limits: RequestLimits) -> None:
         self.data = data
         self.end = len(data)
-        self.limit = limit
-        self.opaque = 0  # bytes of opaque payloads skipped so far (not counted in the limit)
+        self.decoded_limit = limits.max_decoded_request_bytes
+        self.element_limit = limits.max_request_elements
+        self.opaque = 0  # bytes of opaque payloads skipped so far (outside the decoded limit)
+        self.elements = 0
         self.cuts: list[_Cut] = []
-
-    def room(self, pos: int) -> int:
-        """Bytes the rest of the structure may still take: what remains of the frame and of
-        the decoded-bytes budget, whichever is less."""
-        return min(self.end - pos, self.limit - (pos - self.opaque))
 
 
 Skip = Callable[[_Walk, int], int]
@@ -169,19 +107,19 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """A frame that passed the check (unknown tagged fields cut out), and where its header and
-    body end."""
+    """A frame that passed the check (unknown tagged fields cut out), where its header and body
+    end, and how many array elements it holds."""
 
     frame: bytes
     header_end: int
     body_end: int
+    elements: int
 
 
-def check_request(frame: bytes, schema: type[Any], max_decoded_bytes: int) -> Checked:
+def check_request(frame: bytes, schema: type[Any], limits: RequestLimits) -> Checked:
     """Walk header and body of ``frame`` (of the API version ``schema`` models); raise
-    MalformedRequest on the first fault, FrameTooLarge when the part that decodes into fields
-    exceeds ``max_decoded_bytes``."""
-    walk = _Walk(frame, max_decoded_bytes)
+    MalformedRequest on the first fault, RequestTooLarge past a limit."""
+    walk = _Walk(frame, limits)
     try:
         header_end = entity_layout(schema.__header_schema__).skip(walk, 0)
         body_end = entity_layout(schema).skip(walk, header_end)
@@ -189,14 +127,14 @@ def check_request(frame: bytes, schema: type[Any], max_decoded_bytes: int) -> Ch
         raise MalformedRequest(f"{_name(schema)}: request ends early") from None
     if body_end > walk.end:
         raise MalformedRequest(f"{_name(schema)}: request ends early")
-    if body_end - walk.opaque > max_decoded_bytes:
-        raise FrameTooLarge(
+    if body_end - walk.opaque > walk.decoded_limit:
+        raise RequestTooLarge(
             f"{_name(schema)}: {body_end - walk.opaque} bytes besides opaque payloads exceed "
-            f"the maximum of {max_decoded_bytes} (KAFSCALE_MAX_DECODED_REQUEST_BYTES)"
+            f"the maximum of {walk.decoded_limit} (KAFSCALE_MAX_DECODED_REQUEST_BYTES)"
         )
     if not walk.cuts:
-        return Checked(frame, header_end, body_end)
-    return _cut(frame, walk.cuts, header_end, body_end)
+        return Checked(frame, header_end, body_end, walk.elements)
+    return _cut(frame, walk.cuts, header_end, body_end, walk.elements)
 
 
 def entity_layout(cls: type[Any], nullable: bool = False) -> Layout:
@@ -337,8 +275,23 @@ def _array(name: str, element: Layout, compact: bool, nullable: bool) -> Layout:
             if count == 0 or (count == -1 and nullable):
                 return pos
             raise MalformedRequest(f"{name}: {'null' if count == -1 else 'negative'} count")
-        if count * element_size > min(walk.end - pos, walk.limit - pos + walk.opaque):
-            raise _over(walk, pos, f"{name}: {count} elements of at least {element_size} bytes")
+        if count * element_size > walk.end - pos:
+            raise MalformedRequest(
+                f"{name}: {count} elements of at least {element_size} bytes do not fit in the "
+                f"{walk.end - pos} bytes left"
+            )
+        walk.elements += count
+        if walk.elements > walk.element_limit:
+            raise RequestTooLarge(
+                f"{name}: {walk.elements} array elements exceed the maximum of "
+                f"{walk.element_limit} (KAFSCALE_MAX_REQUEST_ELEMENTS)"
+            )
+        if count * element_size > walk.decoded_limit - pos + walk.opaque:
+            raise RequestTooLarge(
+                f"{name}: {count} elements of at least {element_size} bytes exceed the maximum "
+                f"of {walk.decoded_limit} bytes besides opaque payloads "
+                "(KAFSCALE_MAX_DECODED_REQUEST_BYTES)"
+            )
         if element_fixed:
             return pos + count * element_size
         for _ in range(count):
@@ -346,16 +299,6 @@ def _array(name: str, element: Layout, compact: bool, nullable: bool) -> Layout:
         return pos
 
     return Layout(skip, 1 if compact else 4, fixed=False)
-
-
-def _over(walk: _Walk, pos: int, claim: str) -> MalformedRequest | FrameTooLarge:
-    left = walk.end - pos
-    if walk.room(pos) == left:
-        return MalformedRequest(f"{claim} do not fit in the {left} bytes left")
-    return FrameTooLarge(
-        f"{claim} exceed the maximum of {walk.limit} bytes besides opaque payloads "
-        "(KAFSCALE_MAX_DECODED_REQUEST_BYTES)"
-    )
 
 
 def _entity(steps: tuple[Skip, ...], tail: int) -> Skip:
@@ -411,7 +354,7 @@ def _tagged_fields(entity: str, known: dict[int, Skip]) -> Skip:
     return skip
 
 
-def _cut(frame: bytes, cuts: list[_Cut], header_end: int, body_end: int) -> Checked:
+def _cut(frame: bytes, cuts: list[_Cut], header_end: int, body_end: int, elements: int) -> Checked:
     """``frame`` with each (start, end) span replaced; the ends moved by what was cut before
     them."""
     out = bytearray()
@@ -426,7 +369,7 @@ def _cut(frame: bytes, cuts: list[_Cut], header_end: int, body_end: int) -> Chec
             header_shift += removed
         last = end
     out += frame[last:]
-    return Checked(bytes(out), header_end - header_shift, body_end - body_shift)
+    return Checked(bytes(out), header_end - header_shift, body_end - body_shift, elements)
 
 
 def read_uvarint(data: bytes, pos: int) -> tuple[int, int]:

@@ -33,6 +33,7 @@ from kio.static.protocol import RequestPayload, ResponsePayload
 from kafscale.protocol import bounds
 from kafscale.protocol.errors import ErrorCode, MalformedRequest, UnknownApi
 from kafscale.protocol.framing import LENGTH
+from kafscale.protocol.limits import UNLIMITED, RequestLimits
 
 # api_key: int16, api_version: int16, correlation_id: int32 -- common to every header version.
 HEADER_PREFIX = struct.Struct(">hhi")
@@ -85,18 +86,16 @@ def response_schema(api_key: int, api_version: int) -> type[ResponsePayload] | N
 
 
 def decode_request(
-    frame: bytes, schema: type[RequestPayload], max_decoded_bytes: int | None = None
+    frame: bytes, schema: type[RequestPayload], limits: RequestLimits = UNLIMITED
 ) -> tuple[RequestHeader, RequestPayload]:
     """Decode header and body of ``frame`` whose API and version ``schema`` models.
 
-    ``bounds.check_request`` runs first (every length against what remains, nulls where the
-    schema allows them, unknown tagged fields cut out, at most ``max_decoded_bytes`` besides
-    record batches; no limit but the frame's size when None), so kio allocates no more than a
-    small constant times the frame. Whatever kio still refuses (a boolean that is not 0 or 1,
-    invalid UTF-8, a negative timestamp) is a MalformedRequest too."""
+    ``bounds.check_request`` runs first (every length against what remains, nulls only where
+    the schema allows them, unknown tagged fields cut out, ``limits`` held), so kio allocates no
+    more than a small constant times the frame. Whatever kio still refuses (a boolean that is not
+    0 or 1, invalid UTF-8, a negative timestamp) is a MalformedRequest too."""
     name = f"{schema.__name__} v{schema.__version__}"
-    limit = len(frame) if max_decoded_bytes is None else max_decoded_bytes
-    checked = bounds.check_request(frame, schema, limit)
+    checked = bounds.check_request(frame, schema, limits)
     frame = checked.frame
     try:
         header, header_size = entity_reader(schema.__header_schema__)(frame, 0)

@@ -15,6 +15,7 @@ __all__ = [
     "FrameTooLarge",
     "InvalidFrameSize",
     "MalformedRequest",
+    "RequestTooLarge",
     "UnknownApi",
 ]
 
@@ -28,11 +29,17 @@ class InvalidFrameSize(DecodeError):
 
 
 class FrameTooLarge(DecodeError):
-    """A frame length over the configured maximum (Kafka's socket.request.max.bytes)."""
+    """A frame length over its maximum (Kafka's socket.request.max.bytes; smaller for requests
+    decoded field by field: ``kafscale.protocol.limits``), refused before the frame is read."""
 
 
 class MalformedRequest(DecodeError):
     """A request header or body that does not parse under its declared API and version."""
+
+
+class RequestTooLarge(DecodeError):
+    """A request that parses but would cost more to decode and answer than the limits allow
+    (too many array elements, too many bytes besides opaque payloads)."""
 
 
 class UnknownApi(DecodeError):

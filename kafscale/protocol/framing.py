@@ -6,7 +6,7 @@ rest of it is waited for:
 
 - the length prefix: negative, too small for a request header, or over ``max_request_bytes``
   (Kafka's socket.request.max.bytes) is refused at once;
-- the API key and version, the next 4 bytes: ``bounds.max_frame_bytes`` says how large a
+- the API key and version, the next 4 bytes: ``limits.max_frame_bytes`` says how large a
   request of that API version may be (smaller than ``max_request_bytes`` for most: everything
   in them is decoded field by field).
 
@@ -20,8 +20,8 @@ import struct
 
 from kio.schema.index import api_key_map
 
-from kafscale.protocol.bounds import MAX_SASL_REQUEST_BYTES, RequestLimits, max_frame_bytes
 from kafscale.protocol.errors import DecodeError, FrameTooLarge, InvalidFrameSize
+from kafscale.protocol.limits import MAX_SASL_REQUEST_BYTES, RequestLimits, max_frame_bytes
 
 LENGTH = struct.Struct(">i")
 API = struct.Struct(">hh")  # api_key, api_version: the first 4 bytes of every request header

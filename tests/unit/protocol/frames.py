@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import struct
 import typing
 import uuid
 from collections.abc import Iterator
@@ -73,7 +74,7 @@ def _value(field: Any, variant: Variant, arrays: int) -> Any:
     kind = classify_field(field)
     nullable = _optional(field.type)
     if isinstance(kind, EntityTupleField):
-        return tuple(_entity(kind.type_, variant, 0) for _ in range(arrays))
+        return tuple(_entity(kind.type_, variant, arrays) for _ in range(arrays))
     if isinstance(kind, PrimitiveTupleField):
         return ()
     if isinstance(kind, EntityField):
@@ -82,7 +83,7 @@ def _value(field: Any, variant: Variant, arrays: int) -> Any:
         return _entity(kind.type_, variant, arrays)
     kafka_type = get_schema_field_type(field)
     tagged = get_field_tag(field) is not None
-    if nullable and variant == "small" and not tagged and kafka_type != "uuid":
+    if nullable and variant == "small" and not tagged:
         return None
     return _primitive(kafka_type, variant)
 
@@ -97,8 +98,8 @@ def _primitive(kafka_type: str, variant: Variant) -> Any:
         return "ab" if valued else ""
     if kafka_type in ("bytes", "records"):
         return b"ab" if valued else b""
-    if kafka_type == "uuid":
-        return uuid.UUID(int=(2**100 + 7) if valued else 0)
+    if kafka_type == "uuid":  # kio reads the all-zero UUID as None
+        return uuid.UUID(int=2**100 + 7) if valued else None
     if kafka_type == "float64":
         return 1.5 if valued else 0.0
     if kafka_type in ("timedelta_i32", "timedelta_i64"):
@@ -158,10 +159,37 @@ def worst_frames(
 ) -> Iterator[tuple[tuple[str, ...], int, bytes]]:
     """``(path, elements, frame)``: one frame of about ``size`` bytes per array of ``schema``."""
     for path in array_paths(schema):
-        one = len(frame_with_elements(schema, path, 1, variant))
-        each = len(frame_with_elements(schema, path, 2, variant)) - one
-        count = max(1, (size - one) // each + 1)
-        yield path, count, frame_with_elements(schema, path, count, variant)
+        one = frame_with_elements(schema, path, 1, variant)
+        two = frame_with_elements(schema, path, 2, variant)
+        count = max(1, (size - len(one)) // (len(two) - len(one)) + 1)
+        yield path, count, spliced(schema, path, count, variant)
+
+
+def spliced(schema: type[Any], path: tuple[str, ...], count: int, variant: Variant) -> bytes:
+    """``frame_with_elements(schema, path, count, variant)``, built by splicing (kio's Python
+    writer would take seconds per MiB): the frames with one and with two elements differ only
+    in the array's count and one more copy of the element."""
+    one = frame_with_elements(schema, path, 1, variant)
+    two = frame_with_elements(schema, path, 2, variant)
+    element_size = len(two) - len(one)
+    differs = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)
+    if schema.__flexible__:  # compact count: uvarint(n + 1), one byte for 1 and 2
+        count_at, count_end = differs, differs + 1
+        encoded_count = _uvarint(count + 1)
+    else:  # legacy count: int32, differing in its last byte
+        count_at, count_end = differs - 3, differs + 1
+        encoded_count = struct.pack(">i", count)
+    element = one[count_end : count_end + element_size]
+    return one[:count_at] + encoded_count + element * count + one[count_end + element_size :]
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def load(api_key: int, version: int) -> type[RequestPayload]:

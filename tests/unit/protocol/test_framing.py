@@ -1,28 +1,25 @@
 import itertools
 import struct
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale import config as configuration
-from kafscale.protocol.bounds import MAX_SASL_REQUEST_BYTES, max_frame_bytes
 from kafscale.protocol.errors import DecodeError, FrameTooLarge, InvalidFrameSize
 from kafscale.protocol.framing import FrameDecoder, encode_frame
+from kafscale.protocol.limits import MAX_SASL_REQUEST_BYTES, Limits, max_frame_bytes
 
 FRAMES = [b"\x00\x12\x00\x03" + bytes(range(i, i + 20)) for i in range(5)]  # ApiVersions v3
 STREAM = b"".join(encode_frame(frame) for frame in FRAMES)
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_request_bytes: int
-    max_decoded_request_bytes: int
+def limits(request: int, decoded: int) -> Limits:
+    return Limits(request, decoded, max_request_elements=1000)
 
 
 def decoder(limit: int = 1024, decoded: int | None = None) -> FrameDecoder:
-    return FrameDecoder(Limits(limit, limit if decoded is None else decoded))
+    return FrameDecoder(limits(limit, limit if decoded is None else decoded))
 
 
 def request(api_key: int, version: int, size: int) -> bytes:
@@ -121,7 +118,7 @@ def test_a_frame_completed_by_the_read_that_brings_a_bad_length_is_returned() ->
 def test_each_api_is_held_to_its_limit_from_its_first_bytes(
     api_key: int, version: int, limit: int
 ) -> None:
-    assert max_frame_bytes(Limits(4096, 64), api_key, version) == limit
+    assert max_frame_bytes(limits(4096, 64), api_key, version) == limit
     assert decoder(4096, decoded=64).feed(request(api_key, version, limit)) != []
     over = request(api_key, version, limit + 1)
     frames = decoder(4096, decoded=64)
@@ -134,15 +131,15 @@ def test_each_api_is_held_to_its_limit_from_its_first_bytes(
 
 
 def test_sasl_requests_are_held_to_kafkas_sasl_limit() -> None:
-    limits = Limits(100 << 20, 1 << 20)
-    assert max_frame_bytes(limits, 17, 1) == MAX_SASL_REQUEST_BYTES
-    assert max_frame_bytes(limits, 36, 2) == MAX_SASL_REQUEST_BYTES
+    broker = limits(100 << 20, 1 << 20)
+    assert max_frame_bytes(broker, 17, 1) == MAX_SASL_REQUEST_BYTES
+    assert max_frame_bytes(broker, 36, 2) == MAX_SASL_REQUEST_BYTES
     with pytest.raises(FrameTooLarge, match=r"sasl\.server\.max\.receive\.size"):
-        FrameDecoder(limits).feed(request(17, 1, MAX_SASL_REQUEST_BYTES + 1)[:8])
+        FrameDecoder(broker).feed(request(17, 1, MAX_SASL_REQUEST_BYTES + 1)[:8])
 
 
 def test_the_decoded_limit_never_exceeds_the_request_limit() -> None:
-    assert max_frame_bytes(Limits(1024, 4096), 3, 12) == 1024
+    assert max_frame_bytes(limits(1024, 4096), 3, 12) == 1024
 
 
 def test_the_broker_config_gives_the_limits() -> None:
