@@ -23,13 +23,29 @@ NO_UUID = uuid.UUID(int=0)
 async def handle(ctx: RequestContext, request: Any) -> Any:
     schema = response_schema(API_KEY, ctx.version)
     assert schema is not None
+    result_class = nested(schema, "DeletableTopicResult")
+    refused = []
     if ctx.version >= 6:
-        names = [t.name for t in request.topics if t.name is not None]
-        ids = [str(t.topic_id) for t in request.topics if t.name is None]
+        # As Kafka's ControllerApis: a topic named both ways, or neither, is INVALID_REQUEST.
+        for topic in request.topics:
+            if (topic.name is None) == (topic.topic_id is None):
+                neither = topic.name is None
+                refused.append(
+                    build(
+                        result_class,
+                        name=topic.name,
+                        topic_id=topic.topic_id or NO_UUID,
+                        error_code=ErrorCode.invalid_request,
+                        error_message="Neither topic name nor id were specified."
+                        if neither
+                        else "You may not specify both topic name and topic id.",
+                    )
+                )
+        names = [t.name for t in request.topics if t.name is not None and t.topic_id is None]
+        ids = [str(t.topic_id) for t in request.topics if t.name is None and t.topic_id]
     else:
         names, ids = list(request.topic_names), []
     results = await ctx.broker.coordinator.delete_topics(names, ids)
-    result_class = nested(schema, "DeletableTopicResult")
     responses = tuple(
         build(
             result_class,
@@ -40,4 +56,4 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         )
         for r in results
     )
-    return build(schema, throttle_time=datetime.timedelta(0), responses=responses)
+    return build(schema, throttle_time=datetime.timedelta(0), responses=(*refused, *responses))

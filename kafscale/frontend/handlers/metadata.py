@@ -24,10 +24,11 @@ from kafscale.metadata.records import BrokerRecord, TopicRecord
 from kafscale.metadata.topic_names import INTERNAL_TOPICS
 from kafscale.protocol.acls import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS
 from kafscale.protocol.codec import build, nested, response_schema
-from kafscale.protocol.errors import ErrorCode
+from kafscale.protocol.errors import ErrorCode, MalformedRequest
 
 API_KEY = 3
 MIN_VERSION, MAX_VERSION = 0, 12
+FIRST_VERSION_BY_ID = 12  # Kafka's KafkaApis: topic ids in the request from v12 only
 
 NO_UUID = uuid.UUID(int=0)
 
@@ -35,6 +36,8 @@ NO_UUID = uuid.UUID(int=0)
 async def handle(ctx: RequestContext, request: Any) -> Any:
     schema = response_schema(API_KEY, ctx.version)
     assert schema is not None
+    if ctx.version < FIRST_VERSION_BY_ID:
+        _check_names(ctx.version, request)
     snapshot = ctx.broker.view.snapshot
     selected = _selected(ctx.version, request, snapshot.topics)
     errors: dict[str, TopicResult] = {}
@@ -64,6 +67,17 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         if _asks(request, "cluster")
         else NOT_REQUESTED,
     )
+
+
+def _check_names(version: int, request: Any) -> None:
+    """v10 and v11 carry a topic id and a nullable name, but name topics only by name (their
+    responses cannot hold a null name): as Kafka, refuse anything else (InvalidRequestException,
+    the connection closes)."""
+    for topic in request.topics or ():
+        if topic.name is None:
+            raise MalformedRequest(f"Metadata v{version}: a topic name cannot be null")
+        if getattr(topic, "topic_id", None) is not None:
+            raise MalformedRequest(f"Metadata v{version}: topic ids are not supported")
 
 
 def _asks(request: Any, resource: str) -> bool:
