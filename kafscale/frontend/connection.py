@@ -209,6 +209,8 @@ class Connection:
                     if self._full(api_key in ONE_AT_A_TIME) is not None:
                         await self._wait_for_room(api_key in ONE_AT_A_TIME)
                     self._in_flight.put_nowait(self._start(frame, api_key))
+                # A bad length prefix after good frames: they are answered, then we close.
+                decoder.raise_pending()
         except DecodeError as exc:
             self._reject(exc)
         except (ConnectionError, OSError):

@@ -85,6 +85,12 @@ class FrameDecoder:
         del buffer[:position]
         return frames
 
+    def raise_pending(self) -> None:
+        """Raise the decode error held back by the last ``feed`` (it returned the good frames
+        before it), so the caller can close the connection without waiting for more bytes."""
+        if self._error is not None:
+            raise self._error
+
     def _check_length(self, length: int) -> None:
         if length < MIN_REQUEST_BYTES:
             raise InvalidFrameSize(

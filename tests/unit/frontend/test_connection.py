@@ -276,3 +276,20 @@ def test_pipelined_fetches_are_served_one_at_a_time() -> None:
             assert api.answered == 11
 
     run(test)
+
+
+def test_good_requests_before_a_bad_length_are_answered_then_the_connection_closes() -> None:
+    """The client sends nothing after the bad length prefix: the close must not wait for it."""
+
+    async def test() -> None:
+        api = HeldApi()
+        api.gate.set()
+        async with connected(api) as pair:
+            await pair.send(frame(1, 10) + frame(2, 10) + struct.pack(">i", -5))
+            ids = [struct.unpack(">ii", (await pair.read_frame())[:8])[1] for _ in range(2)]
+            assert ids == [1, 2]
+            loop = asyncio.get_running_loop()
+            assert await loop.sock_recv(pair.client, 1) == b""  # closed by the broker
+            await asyncio.wait_for(pair.served, 10)
+
+    run(test)

@@ -85,6 +85,14 @@ def test_good_frames_before_a_bad_length_are_returned_then_it_raises() -> None:
         frames.feed(encode_frame(FRAMES[0]))
 
 
+def test_raise_pending_raises_the_held_back_error_without_more_bytes() -> None:
+    frames = decoder()
+    frames.raise_pending()  # nothing held back: no error
+    assert frames.feed(STREAM + struct.pack(">i", -5)) == FRAMES
+    with pytest.raises(InvalidFrameSize, match="-5"):
+        frames.raise_pending()
+
+
 def test_good_frames_before_an_oversize_request_are_returned_then_it_raises() -> None:
     frames = decoder(4096, decoded=64)
     assert frames.feed(STREAM + request(3, 12, 65)) == FRAMES
