@@ -72,6 +72,8 @@ class Arbiter:
         self._wakeup_r, self._wakeup_w = os.pipe()
         self.stopping = False
         self.failure: str | None = None  # why the broker stopped itself, if it did
+        self._boot_failure: str | None = None  # why start-up cannot complete
+        self._booted = False
         self.hang_timeout_s = config.child_hang_timeout_ms / 1000
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -102,8 +104,8 @@ class Arbiter:
                 self._spawn(child)
             deadline = time.monotonic() + deadline_s
             while not all(child.ready for child in group):
-                if self.failure:
-                    raise StartupError(self.failure)
+                if self._boot_failure:
+                    raise StartupError(self._boot_failure)
                 if self.stopping or (self._signals and self._handle_signals()):
                     raise StartupError("interrupted during start-up")
                 if time.monotonic() > deadline:
@@ -116,6 +118,7 @@ class Arbiter:
                 # A child of an earlier group may die meanwhile: it is respawned as always.
                 self._reap()
                 self._respawn_due()
+        self._booted = True
 
     def run(self) -> None:
         """Supervise until SIGTERM/SIGINT or an unrecoverable child."""
@@ -189,6 +192,9 @@ class Arbiter:
         if decision is None:
             return
         if not isinstance(decision, Respawn):
+            if not self._booted:  # boot() raises it: the broker cannot start
+                self._boot_failure = decision.reason
+                return
             log.critical(
                 "child cannot boot; stopping the broker",
                 extra={"child": child.name, "reason": decision.reason},
