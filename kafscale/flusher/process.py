@@ -116,16 +116,17 @@ class Flusher:
         kfs_upload = self._uploads.submit(self._put_segment, job, kfs_key, kfs)
         index_upload = self._uploads.submit(self._put, index_key, index)
         created_ms = kfs_upload.result()
+        index_size = len(index)
         try:
             index_upload.result()
         except Collision:
-            self._settle_index(job, index_key, index)
+            index_size = self._settle_index(job, index_key, index)
         upload_ms = int((time.monotonic() - uploaded) * 1000)
         segment = SegmentRecord(
             base_offset=job.base_offset,
             last_offset=job.last_offset,
             size=len(kfs),
-            index_size=len(index),
+            index_size=index_size,
             records=job.records,
             max_timestamp=job.max_timestamp,
             created_ms=created_ms,
@@ -212,16 +213,18 @@ class Flusher:
             self.objects.delete(key)
         raise Collision(f"{key} was written by another writer while we replaced a leftover")
 
-    def _settle_index(self, job: messages.FlushSegment, key: str, index: bytes) -> None:
+    def _settle_index(self, job: messages.FlushSegment, key: str, index: bytes) -> int:
         """Our segment is in place and the index under its key differs: a leftover, replaced
         unless a committed record references it (then it stays: an index is an accelerator,
-        readers check what it points at)."""
-        if not collision.may_replace_index(self._committed(job)):
+        readers check what it points at). The size of the index now under ``key``."""
+        committed = self._committed(job)
+        if committed is not None and not collision.may_replace_index(committed):
             log.warning("the committed index differs from ours; keeping it", extra={"key": key})
-            return
+            return committed.index_size
         log.warning("replacing a leftover index", extra={"key": key})
         self.objects.delete(key)
         self._put(key, index)
+        return len(index)
 
     def _committed(self, job: messages.FlushSegment) -> SegmentRecord | None:
         kv = self.store.get(self.keys.segment(job.topic, job.partition, job.base_offset))

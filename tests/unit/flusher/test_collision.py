@@ -179,7 +179,8 @@ def test_a_committed_segment_sealed_earlier_is_never_rewritten(setup: Setup) -> 
     setup.commit(theirs, their_index)
     with pytest.raises(Collision, match="committed segment with other records"):
         setup.flusher._put_segment(setup.job(TOPIC_CREATED_MS + 5000), setup.kfs_key, OURS)
-    setup.flusher._settle_index(setup.job(TOPIC_CREATED_MS + 5000), setup.index_key, OURS_INDEX)
+    job = setup.job(TOPIC_CREATED_MS + 5000)
+    assert setup.flusher._settle_index(job, setup.index_key, OURS_INDEX) == len(their_index)
     assert setup.objects.get(setup.kfs_key) == theirs
     assert setup.objects.get(setup.index_key) == their_index
 
@@ -199,7 +200,7 @@ def test_a_deleted_topics_leftover_is_replaced(setup: Setup) -> None:
     assert setup.objects.put_if_absent(setup.index_key, leftover_index)
     job = setup.job(TOPIC_CREATED_MS + 5000)
     assert setup.flusher._put_segment(job, setup.kfs_key, OURS) == TOPIC_CREATED_MS + 5000
-    setup.flusher._settle_index(job, setup.index_key, OURS_INDEX)
+    assert setup.flusher._settle_index(job, setup.index_key, OURS_INDEX) == len(OURS_INDEX)
     assert setup.objects.get(setup.kfs_key) == OURS
     assert setup.objects.get(setup.index_key) == OURS_INDEX
 
