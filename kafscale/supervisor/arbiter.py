@@ -262,6 +262,7 @@ class Arbiter:
     def _stop_group(self, group: list[Child], grace: float) -> None:
         for child in group:
             _signal(child.pid, signal.SIGTERM)
+            _signal(child.pid, signal.SIGCONT)  # a stopped child would sit out its grace
         deadline = time.monotonic() + grace
         while any(child.alive for child in group):
             if time.monotonic() > deadline or self._second_signal():
