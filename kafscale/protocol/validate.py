@@ -223,7 +223,8 @@ def check_records(batch: BatchView, policy: BatchPolicy, now_ms: int) -> BatchVi
         return batch  # the broker stamps its own time over every record's
     low = now_ms - policy.timestamp_before_max_ms
     high = now_ms + policy.timestamp_after_max_ms
-    for delta in (lowest, highest):
+    # lowest > highest: no record has a timestamp (lowest kept its LONG_MAX start), none judged.
+    for delta in (lowest, highest) if lowest <= highest else ():
         timestamp = header.base_timestamp + delta
         if delta != no_timestamp and not low <= timestamp <= high:
             return BatchError(

@@ -303,6 +303,14 @@ def test_records_without_a_timestamp_are_not_judged() -> None:
     _check(batch(no_timestamp, count=2, base_timestamp=-1, max_timestamp=NOW), strict)
 
 
+def test_a_batch_whose_records_all_lack_a_timestamp_is_accepted() -> None:
+    # Kafka judges only records with a timestamp; a batch of none has max_timestamp -1.
+    none = record(0) + record(1)
+    for policy in (POLICY, BatchPolicy(MAX, timestamp_before_max_ms=1_000)):
+        [view] = _check(batch(none, count=2, base_timestamp=-1, max_timestamp=-1), policy)
+        assert view.header.max_timestamp == -1
+
+
 def test_log_append_time_topics_ignore_record_timestamps() -> None:
     appended = BatchPolicy(MAX, log_append_time=True, timestamp_before_max_ms=0)
     lying = batch(record(0), count=1, base_timestamp=NOW + 10**9, max_timestamp=0)
