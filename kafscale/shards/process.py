@@ -217,7 +217,8 @@ class Shard:
                 result, wait = self._append(entry, frame, now)
             except Exception as exc:
                 # Contained to this partition: the batch was not appended (an append that
-                # published moves next_offset in the same step), so the producer may retry.
+                # published moves next_offset in the same step, and nothing after it raises),
+                # so the producer may retry.
                 log.exception(
                     "append failed", extra={"topic": entry.topic, "partition": entry.partition}
                 )
@@ -286,10 +287,11 @@ class Shard:
             metrics.BATCHES_REJECTED.labels(outcome.error.name).inc()
             return _error(outcome.error, outcome.message), None
         if not outcome.duplicate:
-            self.reads.appended(partition)
+            # Appended: account for it before anything else can fail (the flush subtracts it).
             self.unflushed += len(batch.data)
             metrics.RECORDS_PRODUCED.inc(batch.header.records_count)
             metrics.BYTES_PRODUCED.inc(len(batch.data))
+            self._wake_fetches(partition)
         result = messages.AppendResult(
             base_offset=outcome.base_offset,
             log_append_time=outcome.log_append_time,
@@ -298,6 +300,17 @@ class Shard:
         if outcome.last_offset < partition.high_watermark:
             return result, None  # a duplicate of a batch committed already
         return result, (partition, outcome.last_offset)
+
+    def _wake_fetches(self, partition: PartitionLog) -> None:
+        """Re-run the fetches parked on ``partition``. Their failure is theirs: the batch is
+        appended, and answering its producer with an error would make it send the batch again."""
+        try:
+            self.reads.appended(partition)
+        except Exception:
+            log.exception(
+                "waking the fetches of a partition failed",
+                extra={"topic": partition.topic, "partition": partition.partition},
+            )
 
     def _on_flush_all(self, incoming: Incoming) -> None:
         now = now_ms()

@@ -163,3 +163,20 @@ def test_a_read_completion_that_raises_does_not_stop_the_others(rig: Rig) -> Non
     wait_until(lambda: True if completed.qsize() == 3 else None, timeout=10, what="the reads")
     rig.shard._complete_reads()
     assert sorted(finished) == [2, 3]
+
+
+def test_a_failing_fetch_wake_up_does_not_fail_the_append_it_follows(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(partition: PartitionLog) -> None:
+        raise RuntimeError("a bug while re-running a parked fetch")
+
+    monkeypatch.setattr(rig.shard.reads, "appended", broken)
+    request, bulk = append([0])
+    reply = rig.call(request, bulk)
+    assert isinstance(reply, messages.Appended)
+    # The batch is in the buffer: its producer is told so (an error would make it resend it),
+    # and the shard counts its bytes against the buffer budget.
+    assert [(r.error_code, r.base_offset) for r in reply.results] == [(0, 0)]
+    assert rig.shard.unflushed == len(bulk[0])
+    assert rig.shard.partitions[(TOPIC, 0)].next_offset == 1
