@@ -102,7 +102,7 @@ class RetentionCleaner:
 
     def run(self, now_ms: int) -> int:
         """One round over every partition; returns the segments deleted."""
-        self._delete_objects(self._leftovers)
+        self._leftovers = self._delete_objects(self._leftovers)
         deleted = 0
         defaults = topic_configs.defaults(self.config)
         for kv in self.store.get_prefix(self.keys.topics):
@@ -162,7 +162,7 @@ class RetentionCleaner:
             return 0  # a commit moved the partition meanwhile: the next round sees it
         self._notify(topic, partition, updated.log_start_offset)
         ns = self.config.s3_namespace
-        self._delete_objects(
+        self._leftovers += self._delete_objects(
             [
                 key
                 for s in doomed
@@ -191,7 +191,8 @@ class RetentionCleaner:
         with contextlib.suppress(zmq.Again):
             shard.send_multipart([b"\0" * 8, messages.encode(notice)], flags=zmq.NOBLOCK)
 
-    def _delete_objects(self, keys: list[str]) -> None:
+    def _delete_objects(self, keys: list[str]) -> list[str]:
+        """Delete ``keys``; the ones whose delete failed (retried next round)."""
         failed = []
         for key in keys:
             try:
@@ -201,7 +202,7 @@ class RetentionCleaner:
                     "cannot delete a retired object yet", extra={"key": key, "error": str(exc)}
                 )
                 failed.append(key)
-        self._leftovers = failed
+        return failed
 
     def close(self) -> None:
         for socket in self._shards:

@@ -16,6 +16,7 @@ from kafscale.metadata import open_metadata_store, records
 from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord
 from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
+from kafscale.storage.objects import ObjectStoreError
 
 NOW = 1_000_000
 
@@ -87,6 +88,48 @@ def test_a_record_that_does_not_decode_costs_only_its_partition(
         assert not objects.list(segments.segment_prefix(ns, "logs", 0))
         assert objects.list(segments.segment_prefix(ns, "logs", 1))  # its record did not decode
         assert store.get(keys.segment("logs", 1, 0)) is not None
+    finally:
+        context.term()
+        store.close()
+        objects.close()
+
+
+def test_objects_whose_delete_failed_are_deleted_next_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = configuration.load({"KAFSCALE_DATA_DIR": str(tmp_path), "KAFSCALE_SHARDS": "1"})
+    keys, ns = Keys(config.s3_namespace), config.s3_namespace
+    store = open_metadata_store(config)
+    objects = open_object_store(config)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        topic = TopicRecord("logs", str(uuid.UUID(int=1)), 2, {"retention.ms": "1000"})
+        store.put(keys.topic("logs"), records.encode(topic))
+        for partition in range(2):
+            state = PartitionRecord(topic_id=topic.topic_id, high_watermark=10)
+            store.put(keys.partition("logs", partition), records.encode(state))
+            objects.put_if_absent(segments.segment_key(ns, "logs", partition, 0), b"segment")
+            store.put(keys.segment("logs", partition, 0), records.encode(seg(0, 7, NOW - 5000)))
+        real_delete = objects.delete
+        doomed = segments.segment_key(ns, "logs", 0, 0)
+
+        def fails_for_partition_0(key: str) -> None:
+            if key == doomed:
+                raise ObjectStoreError("S3 is down")
+            real_delete(key)
+
+        monkeypatch.setattr(objects, "delete", fails_for_partition_0)
+        cleaner = RetentionCleaner(config, store, objects, context, str(tmp_path))
+        try:
+            assert cleaner.run(NOW) == 2  # both records go; partition 0's object stays
+            assert objects.list(segments.segment_prefix(ns, "logs", 0))
+            assert not objects.list(segments.segment_prefix(ns, "logs", 1))
+            monkeypatch.setattr(objects, "delete", real_delete)
+            assert cleaner.run(NOW) == 0
+        finally:
+            cleaner.close()
+        # The leftover of partition 0 was not forgotten when partition 1 was cleaned after it.
+        assert not objects.list(segments.segment_prefix(ns, "logs", 0))
     finally:
         context.term()
         store.close()
