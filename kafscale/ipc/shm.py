@@ -213,8 +213,11 @@ class PartitionBuffer:
         *,
         owner: BufferOwner | None = None,
         codec: int = 0,
+        generation: int = 0,
     ) -> PartitionBuffer:
-        """Create a new segment (FileExistsError if the name is taken) and own it."""
+        """Create a new segment (FileExistsError if the name is taken) and own it, starting at
+        ``generation``: a name a dead predecessor used may come back, and a reader still holding
+        the old buffer's generation must not take the new one's bytes for it."""
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         identity = owner.encode() if owner is not None else NO_OWNER
@@ -222,7 +225,7 @@ class PartitionBuffer:
         assert shm.buf is not None
         # Magic goes in last: a reader racing the creation sees "not a buffer", never half a
         # header, and a successor adopting it never finds a buffer without its owner.
-        live = (bytes(4), VERSION, capacity, 0, 0, 0, base_offset, 0, 0, 0, 0, codec)
+        live = (bytes(4), VERSION, capacity, 0, generation, 0, base_offset, 0, 0, 0, 0, codec)
         HEADER.pack_into(shm.buf, 0, *live, *identity)
         shm.buf[0:4] = MAGIC
         return cls(shm, writable=True)

@@ -3,7 +3,9 @@
 ``kafscale-{run id}-s{shard}-b{slot}``: the run id is new for every ``kafscale serve``, so runs
 never meet; a shard's successor in the same run finds its predecessor's buffers by the
 ``s{shard}-`` prefix (``shard_segments``), and the supervisor removes whatever a run left when it
-stops (``sweep_segments``). Slots only grow within a shard and run: a name is never reused.
+stops (``sweep_segments``). Slots only grow within one incarnation of a shard; its successor
+numbers after the highest slot it finds, so a name whose buffer the predecessor destroyed may come
+back (readers tell the buffers apart by their generation: ``kafscale.shards.loading``).
 """
 
 from __future__ import annotations

@@ -7,14 +7,18 @@
   record they were read against. Every partition holding such buffers is loaded then, so no
   append to it can be given an offset its predecessor already gave out.
 - New buffers (``new_buffer``) are stamped with their owner (topic, topic id, partition) so a
-  successor can adopt them, and numbered after every slot this shard has used in this run, so a
-  name is never reused (a reader that attaches by name never meets another buffer under it).
+  successor can adopt them, and numbered after every slot this incarnation has used or found. A
+  successor cannot see the slots its predecessor destroyed (flushed), so such a name may come
+  back; each buffer therefore starts at a generation no earlier buffer had (the creation time in
+  nanoseconds), and a reader that attaches by name with an old ``FlushSegment`` (a flush of the
+  predecessor still queued at the flusher) is refused the new buffer's bytes, as after a reset.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 
 from kafscale.config import Config
 from kafscale.ipc.rpc import RpcClient
@@ -143,4 +147,6 @@ class PartitionLoader:
     ) -> PartitionBuffer:
         self.last_slot += 1
         name = segment_name(self.run_id, self.shard, self.last_slot)
-        return PartitionBuffer.create(name, capacity, base_offset, owner=owner, codec=codec)
+        return PartitionBuffer.create(
+            name, capacity, base_offset, owner=owner, codec=codec, generation=time.time_ns()
+        )

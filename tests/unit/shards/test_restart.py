@@ -239,3 +239,27 @@ def test_other_topics_garbage_and_other_shards(rig: Rig) -> None:
     assert [name for name, _ in shard_segments(rig.run_id, 0)] == []
     assert loader.last_slot == 12  # unreadable ones count too: their names are never reused
     assert len(shard_segments(rig.run_id, 1)) == 1  # shard 1's buffer is not ours to judge
+
+
+def test_a_name_the_predecessor_destroyed_may_return_but_not_its_generation(rig: Rig) -> None:
+    log = rig.loader().load(TOPIC, TOPIC_ID, 0, CREATED)
+    produce(log, 2, T0)
+    log.seal(T0)
+    [segment] = log.sealed
+    # What the predecessor's flush asked for; its commit was answered, so the buffer went (a
+    # retried copy of that flush may still be queued at the flusher).
+    name, generation, size = segment.buffer.name, segment.buffer.generation, segment.size
+    log.flushed(high_watermark=2)
+    rig.store.put(
+        rig.keys.partition(TOPIC, 0),
+        metadata.encode(PartitionRecord(topic_id=TOPIC_ID, high_watermark=2)),
+    )
+    loader = rig.loader()  # the successor finds nothing to adopt
+    assert loader.adopt_predecessor(now_ms=T0 + 1) == []
+    successor = loader.load(TOPIC, TOPIC_ID, 0, CREATED)
+    rig.logs.append(successor)
+    produce(successor, 4, T0 + 2, first_seq=2)
+    assert successor.open is not None and successor.open.buffer.name == name  # the name is back
+    with PartitionBuffer.attach(name) as reader:  # as the flusher reads a FlushSegment
+        assert reader.snapshot().committed >= size
+        assert reader.read(0, size, generation) is None  # not the old buffer: refused
