@@ -99,6 +99,11 @@ def _text(text: str) -> str:
 def _endpoints(text: str) -> tuple[str, ...]:
     endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
     for endpoint in endpoints:
+        if "@" in endpoint:  # user:password@host: the error must not echo it
+            raise _Unshowable(
+                "credentials in an endpoint are not accepted: etcd authentication is not "
+                "supported; give host:port[,host:port...]"
+            )
         if not re.fullmatch(r"(https?://)?[\w.\-\[\]:]+:\d+", endpoint):
             raise ValueError(f"expected host:port[,host:port...], got {endpoint!r}")
     return endpoints

@@ -167,6 +167,9 @@ def test_errors_never_quote_a_credential() -> None:
     with pytest.raises(ConfigError, match=r"KAFSCALE_S3_ENDPOINT.*credentials in the URL") as url:
         load({"KAFSCALE_S3_BUCKET": "b", "KAFSCALE_S3_ENDPOINT": "http://user:pa55@minio:9000"})
     assert "pa55" not in str(url.value)
+    with pytest.raises(ConfigError, match=r"KAFSCALE_ETCD_ENDPOINTS.*credentials") as etcd:
+        load({"KAFSCALE_ETCD_ENDPOINTS": "etcd-0:2379,http://root:pa55@etcd-1:2379"})
+    assert "pa55" not in str(etcd.value)
 
 
 def test_config_survives_the_trip_to_the_children() -> None:
