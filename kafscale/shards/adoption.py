@@ -228,14 +228,7 @@ def _with_problem(found: Walk, problem: str) -> Walk:
 def _adopt(buffer: FoundBuffer, found: Walk, producers: ProducerStates) -> AdoptedBuffer:
     """Adopt the verified prefix, recording its batches into ``producers`` (in place)."""
     for header in found.headers:
-        producers.record(
-            header.producer_id,
-            header.producer_epoch,
-            header.base_sequence,
-            header.last_offset_delta,
-            header.base_offset,
-            header.max_timestamp,
-        )
+        producers.record_batch(header)
     state = buffer.state
     owner_sealed = state.sealed and not buffer.interrupted and state.sealed_ms > 0
     return AdoptedBuffer(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from kafscale.protocol.errors import ErrorCode
+from kafscale.protocol.records import BatchHeader
 
 BATCH_HISTORY = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 MAX_SEQUENCE = 2**31 - 1
@@ -140,6 +141,18 @@ class ProducerStates:
             )
         )
         entry.last_timestamp = max(entry.last_timestamp, max_timestamp)
+
+    def record_batch(self, header: BatchHeader) -> None:
+        """Remember a stored batch by its header (its offsets as stored): how a log's producer
+        state is rebuilt from batches found in a buffer or an uncommitted segment."""
+        self.record(
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.last_offset_delta,
+            header.base_offset,
+            header.max_timestamp,
+        )
 
     def snapshot(self) -> dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]:
         """Plain data: {producer_id: (epoch, last_timestamp, [(first_seq, last_seq,

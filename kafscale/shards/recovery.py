@@ -73,15 +73,7 @@ def adopt_uncommitted(
             continue
         adopted = ProducerStates.restore(producers.snapshot())
         for span in parsed.batches:
-            header = segments.read_batch_header(parsed.data, span.position)
-            adopted.record(
-                header.producer_id,
-                header.producer_epoch,
-                header.base_sequence,
-                header.last_offset_delta,
-                header.base_offset,
-                header.max_timestamp,
-            )
+            adopted.record_batch(segments.read_batch_header(parsed.data, span.position))
         record = SegmentRecord(
             base_offset=parsed.base_offset,
             last_offset=parsed.last_offset,
