@@ -18,14 +18,15 @@ compiler calls too), reading lengths and building no value. When it returns:
 - every tagged field is one the schema knows and spans exactly the size it declares, or it has
   been cut out of the frame returned (Kafka's generated parsers skip unknown tags: a newer client
   may send tags a version did not have when kio was generated);
-- the request holds at most ``max_request_elements`` array elements, and its bytes besides
+- the request holds at most ``max_request_elements`` array elements and tagged fields (each
+  is a step of the walk, an unknown one a cut kept until the end), and its bytes besides
   opaque payloads (``limits.OPAQUE_TYPES``: record batches, group metadata) are at most
   ``max_decoded_request_bytes`` (why: ``kafscale.protocol.limits``).
 
 The walk takes one Python step per field that is not fixed-size, per array element and per
 tagged field; a run of fixed-size fields is one step, an array of fixed-size entities one step
 in all. It stops at the first fault, and its element count stops it after at most
-``max_request_elements`` elements.
+``max_request_elements`` elements and tagged fields.
 """
 
 from __future__ import annotations
@@ -333,6 +334,19 @@ def _tagged_fields(entity: str, known: dict[int, Skip]) -> Skip:
         count_end = pos
         if count * 2 > walk.end - pos:
             raise MalformedRequest(f"{entity}: {count} tagged fields do not fit")
+        # Each is a step of this walk and, unknown, a cut held until the end: counted as array
+        # elements are, before the first is read (a Produce frame may be 100 MiB of them).
+        walk.elements += count
+        if walk.elements > walk.element_limit:
+            raise RequestTooLarge(
+                f"{entity}: {count} tagged fields make {walk.elements} elements, over the "
+                f"maximum of {walk.element_limit} (KAFSCALE_MAX_REQUEST_ELEMENTS)"
+            )
+        if count * 2 > walk.decoded_limit - pos + walk.opaque:
+            raise RequestTooLarge(
+                f"{entity}: {count} tagged fields exceed the maximum of {walk.decoded_limit} "
+                "bytes besides opaque payloads (KAFSCALE_MAX_DECODED_REQUEST_BYTES)"
+            )
         unknown: list[_Cut] = []
         for _ in range(count):
             field_start = pos

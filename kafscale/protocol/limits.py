@@ -11,11 +11,12 @@ other client waits. Three settings bound one request (Kafka has only the first):
   is refused above it as soon as its API key and version arrive (``max_frame_bytes``); the
   others (Produce, JoinGroup, SyncGroup) are held to it by ``bounds.check_request``.
 - ``max_request_elements``: array elements (topics, partitions, groups, keys, ...) of one
-  request, all arrays together. Handling and answering cost per element, not per byte: each
-  becomes an entry of the response (7-15 us to build and encode on a loaded 2-core machine,
-  kio's writer being pure Python), so a 1 MiB Metadata v1 request of 2-byte topic names (524,000
-  topics) held the loop 3.6-8 s; 30,000 elements hold it ~0.25 s at worst, and a Fetch of
-  30,000 partitions (about 1 MiB) still fits.
+  request, all arrays together, and its tagged fields (each a step of the structure check).
+  Handling and answering cost per element, not per byte: each becomes an entry of the
+  response (7-15 us to build and encode on a loaded 2-core machine, kio's writer being pure
+  Python), so a 1 MiB Metadata v1 request of 2-byte topic names (524,000 topics) held the loop
+  3.6-8 s; 30,000 elements hold it ~0.25 s at worst, and a Fetch of 30,000 partitions (about
+  1 MiB) still fits.
 
 Measured worst cases per API: docs/operations.md, "Request decoding"; ``bench/request_decoding.py``
 repeats them.

@@ -189,14 +189,44 @@ def test_a_known_tagged_field_is_kept_and_must_span_its_declared_size() -> None:
 def test_the_element_limit_counts_every_array_together() -> None:
     schema = frames.load(1, 12)  # Fetch: topics, each with partitions
     frame = frames.spliced(schema, ("topics", "partitions"), 98, "valued")
-    assert bounds.check_request(frame, schema, UNLIMITED).elements == 100  # 1 topic + 98 + 1
-    assert decode(frame, schema, Limits(1 << 20, 1 << 20, 100)).topics
+    # 1 topic, 98 + 1 partitions, and the request's one tagged field (cluster_id)
+    assert bounds.check_request(frame, schema, UNLIMITED).elements == 101
+    assert decode(frame, schema, Limits(1 << 20, 1 << 20, 101)).topics
     with pytest.raises(RequestTooLarge, match="101 array elements exceed the maximum of 100"):
         decode(frames.spliced(schema, ("topics", "partitions"), 99, "valued"), schema, limits(100))
 
 
 def limits(elements: int, decoded: int = 1 << 20) -> Limits:
     return Limits(100 << 20, decoded, elements)
+
+
+def test_tagged_fields_count_as_elements_before_they_are_walked() -> None:
+    """Each tagged field is a step of the walk and, unknown, a cut kept in memory: a Produce
+    frame (up to KAFSCALE_MAX_REQUEST_BYTES) of millions of 2-byte tagged fields in its header
+    must stop at the element limit, not after walking them all."""
+    produce = frames.load(0, 9)
+    frame = codec.encode_request(frames.sample_request(produce, "small"), 5, "c")
+    header_end = 4 + 4 + 2 + len("c") + 1  # header v2 ends with its tagged fields: 0
+    assert frame[header_end - 1] == 0
+
+    def with_tags(count: int) -> bytes:
+        fields = bounds.write_uvarint(count) + tagged(1000, b"") * count
+        return frame[: header_end - 1] + fields + frame[header_end:]
+
+    assert bounds.check_request(frame, produce, UNLIMITED).elements == 2  # a topic, a partition
+    assert decode(with_tags(98), produce, limits(100)) == decode(frame, produce)
+    with pytest.raises(RequestTooLarge, match="101 array elements exceed the maximum of 100"):
+        bounds.check_request(with_tags(99), produce, limits(100))  # its partition is the 101st
+    with pytest.raises(RequestTooLarge, match="101 tagged fields make 101 elements, over the"):
+        bounds.check_request(with_tags(101), produce, limits(100))
+    million = with_tags(1_000_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RequestTooLarge, match="KAFSCALE_MAX_REQUEST_ELEMENTS"):
+            bounds.check_request(million, produce, limits(30_000, decoded=4 << 20))
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20  # no cut list of a million
+    finally:
+        tracemalloc.stop()
 
 
 def test_opaque_payloads_are_outside_the_decoded_limit() -> None:
