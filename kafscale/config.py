@@ -1,462 +1,56 @@
 """Broker configuration: each setting is a ``KAFSCALE_*`` environment variable and a ``serve`` flag.
 
-``SETTINGS`` is the single table of what can be configured: the variable, its default, how its text
-is parsed and what it means. The CLI builds its flags from it, the README's configuration table is
-checked against it by a test, and ``load`` turns environment + flags into one frozen ``Config``.
+``kafscale.settings.SETTINGS`` is the single table of what can be configured (re-exported here):
+the variable, its default, how its text is parsed and what it means. The CLI builds its flags from
+it, the README's configuration table is checked against it by a test, and ``load`` turns
+environment + flags into one frozen ``Config``, whose fields are the settings' in table order.
 Invalid values raise ``ConfigError`` naming the variable; nothing is silently corrected.
 
 Credentials (``secret`` settings) are the exception: no flag, since a command line is visible to
-every user of the machine; they come from the variable or from a file named by ``{variable}_FILE``,
-and no error message, ``repr`` or log line quotes them (``public_dict``, ``secret_values``).
+every user of the machine; they come from the variable or from a file named by ``{variable}_FILE``
+(``read_secret``), and no error message, ``repr`` or log line quotes them (``public_dict``,
+``secret_values``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import os
-import re
 import socket
-import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MiB = 1024 * 1024
-GiB = 1024 * MiB
+from kafscale.settings import (
+    SETTINGS,
+    SETTINGS_BY_FIELD,
+    GiB,
+    MiB,
+    Setting,
+    UnshowableValue,
+    parse_bool,
+    parse_size,
+)
+
+__all__ = [
+    "SETTINGS",
+    "SETTINGS_BY_FIELD",
+    "Config",
+    "ConfigError",
+    "GiB",
+    "MiB",
+    "Setting",
+    "flag_refused",
+    "load",
+    "markdown_table",
+    "parse_bool",
+    "parse_size",
+    "read_secret",
+    "unknown_variables",
+]
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the variable."""
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "kib": 1024,
-    "m": MiB,
-    "mb": MiB,
-    "mib": MiB,
-    "g": GiB,
-    "gb": GiB,
-    "gib": GiB,
-}
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte size: ``4194304``, ``4MiB``, ``1GB`` (binary units, as the spec's 1GB means)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"expected a byte size such as 4194304 or 4MiB, got {text!r}")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-
-
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text.strip())
-        if not low <= value <= high:
-            raise ValueError(f"must be between {low} and {high}, got {value}")
-        return value
-
-    return parse
-
-
-def _size_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = parse_size(text)
-        if value < low:
-            raise ValueError(f"must be at least {low} bytes, got {value}")
-        return value
-
-    return parse
-
-
-def _one_of(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _text(text: str) -> str:
-    return text.strip()
-
-
-def _endpoints(text: str) -> tuple[str, ...]:
-    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
-    for endpoint in endpoints:
-        if "@" in endpoint:  # user:password@host: the error must not echo it
-            raise _Unshowable(
-                "credentials in an endpoint are not accepted: etcd authentication is not "
-                "supported; give host:port[,host:port...]"
-            )
-        if not re.fullmatch(r"(https?://)?[\w.\-\[\]:]+:\d+", endpoint):
-            raise ValueError(f"expected host:port[,host:port...], got {endpoint!r}")
-    return endpoints
-
-
-class _Unshowable(ValueError):
-    """A parse error whose value must not be echoed (it holds a credential)."""
-
-
-def _http_url(text: str) -> str:
-    value = text.strip()
-    if "@" in urllib.parse.urlsplit(value).netloc:
-        raise _Unshowable(
-            "credentials in the URL are not accepted: set KAFSCALE_S3_ACCESS_KEY and "
-            "KAFSCALE_S3_SECRET_KEY (or their _FILE variables) instead"
-        )
-    if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
-        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
-    return value
-
-
-def _admin_token(text: str) -> str:
-    value = text.strip()
-    if value and (len(value) < 16 or any(char.isspace() for char in value)):
-        raise ValueError("must be at least 16 characters without spaces (or empty: disabled)")
-    return value
-
-
-def _namespace(text: str) -> str:
-    value = text.strip()
-    if not re.fullmatch(r"[A-Za-z0-9._\-]+", value):
-        raise ValueError(f"expected letters, digits, '.', '_' or '-', got {text!r}")
-    return value
-
-
-def _address_limits(text: str) -> tuple[tuple[str, int], ...]:
-    """``ip:count[,ip:count...]`` (Kafka's max.connections.per.ip.overrides, IP addresses only;
-    an IPv6 address may be bracketed: ``[::1]:50``)."""
-    limits: dict[str, int] = {}
-    for part in (part.strip() for part in text.split(",")):
-        if not part:
-            continue
-        host, _, count = part.rpartition(":")
-        try:
-            address = ipaddress.ip_address(host.strip().removeprefix("[").removesuffix("]"))
-            limit = int(count)
-        except ValueError:
-            raise ValueError(f"expected ip:count[,ip:count...], got {part!r}") from None
-        if limit < 0:
-            raise ValueError(f"a connection count cannot be negative, got {part!r}")
-        limits[str(address)] = limit
-    return tuple(limits.items())
-
-
-def _idle_ms(text: str) -> int:
-    value = int(text.strip())
-    if value != -1 and not 1 <= value <= 2**31 - 1:
-        raise ValueError(f"must be -1 (never) or between 1 and {2**31 - 1}, got {value}")
-    return value
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting. ``secret``: a credential -- read from the environment or from the file named
-    by ``{env}_FILE``, never from a flag (a command line is visible to every user of the machine);
-    masked in logs; described to Kafka clients as sensitive (value null). ``internal``: where the
-    broker's state lives or how its backends and operators reach it -- never described to Kafka
-    clients (``kafscale.frontend.configs``)."""
-
-    field: str
-    default: str
-    parse: Callable[[str], Any]
-    help: str
-    secret: bool = False
-    internal: bool = False
-
-    @property
-    def env(self) -> str:
-        return "KAFSCALE_" + self.field.upper()
-
-    @property
-    def file_env(self) -> str:
-        """The variable naming a file that holds a secret setting's value."""
-        return self.env + "_FILE"
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.field.replace("_", "-")
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "broker_host",
-        "127.0.0.1",
-        _text,
-        "Address the Kafka listener binds to and advertises to clients",
-    ),
-    Setting("broker_port", "9092", _int_in(0, 65535), "Kafka protocol port"),
-    Setting(
-        "advertised_host",
-        "",
-        _text,
-        "Host advertised in Metadata responses (default: KAFSCALE_BROKER_HOST; "
-        "0.0.0.0 advertises the machine's hostname)",
-    ),
-    Setting(
-        "max_connections",
-        "10000",
-        _int_in(1, 10_000_000),
-        "Client connections the broker keeps open (Kafka's max.connections); at the limit it "
-        "stops accepting until one closes",
-    ),
-    Setting(
-        "max_connections_per_ip",
-        "1000",
-        _int_in(0, 10_000_000),
-        "Client connections from one IP address (Kafka's max.connections.per.ip); more are "
-        "closed right after accept",
-    ),
-    Setting(
-        "max_connections_per_ip_overrides",
-        "",
-        _address_limits,
-        "Per-address exceptions to KAFSCALE_MAX_CONNECTIONS_PER_IP: ip:count[,ip:count...]",
-    ),
-    Setting(
-        "connections_max_idle_ms",
-        "600000",
-        _idle_ms,
-        "Close a connection with no request in progress that received nothing for this long "
-        "(Kafka's connections.max.idle.ms; -1 = never)",
-    ),
-    Setting(
-        "connection_max_in_flight_requests",
-        "64",
-        _int_in(1, 100_000),
-        "Requests of one connection read and not yet answered; past it the broker stops reading "
-        "from that connection (TCP back-pressure)",
-    ),
-    Setting(
-        "connection_max_in_flight_bytes",
-        "32MiB",
-        _size_at_least(1024),
-        "Bytes of requests read and of responses not yet sent that one connection may hold; past "
-        "it the broker stops reading from that connection (one larger request is still served)",
-    ),
-    Setting(
-        "metrics_port",
-        "9093",
-        _int_in(0, 65535),
-        "Port of /metrics, /healthz and /readyz",
-        internal=True,
-    ),
-    Setting(
-        "admin_token",
-        "",
-        _admin_token,
-        "Bearer token POST /flush on the metrics port requires (16+ characters); "
-        "empty = POST /flush disabled",
-        secret=True,
-    ),
-    Setting("broker_id", "0", _int_in(0, 2**31 - 1), "This broker's node id"),
-    Setting(
-        "store_lock_ttl_ms",
-        "10000",
-        _int_in(2000, 300_000),
-        "How long the store lock and the registration of a broker that died without releasing "
-        "them outlive it (whole seconds); a broker starting on that store waits up to this long",
-    ),
-    Setting(
-        "data_dir",
-        "./data",
-        _text,
-        "Directory of the embedded backends (segments and SQLite metadata)",
-        internal=True,
-    ),
-    Setting(
-        "s3_bucket",
-        "",
-        _text,
-        "S3 bucket for segments; empty = store segments under KAFSCALE_DATA_DIR",
-        internal=True,
-    ),
-    Setting("s3_region", "us-east-1", _text, "S3 region", internal=True),
-    Setting(
-        "s3_endpoint",
-        "",
-        _http_url,
-        "S3-compatible endpoint URL (MinIO, ...); empty = AWS S3",
-        internal=True,
-    ),
-    Setting(
-        "s3_path_style",
-        "false",
-        parse_bool,
-        "Use path-style S3 addressing (MinIO needs it)",
-        internal=True,
-    ),
-    Setting(
-        "s3_namespace",
-        "default",
-        _namespace,
-        "Key prefix of this cluster in the bucket and in the metadata store",
-        internal=True,
-    ),
-    Setting(
-        "s3_access_key",
-        "",
-        _text,
-        "S3 access key id (empty = boto3's default credential chain: AWS_* variables, "
-        "profile, web identity, instance role)",
-        secret=True,
-    ),
-    Setting("s3_secret_key", "", _text, "S3 secret access key", secret=True),
-    Setting(
-        "etcd_endpoints",
-        "",
-        _endpoints,
-        "Comma-separated etcd endpoints; empty = SQLite metadata under KAFSCALE_DATA_DIR",
-        internal=True,
-    ),
-    Setting(
-        "segment_bytes",
-        "4MiB",
-        _size_at_least(1024),
-        "Seal a partition buffer into a segment at this size",
-    ),
-    Setting(
-        "flush_interval_ms",
-        "500",
-        _int_in(1, 3_600_000),
-        "Seal a partition buffer this long after its first unflushed byte",
-    ),
-    Setting("cache_size", "1GiB", _size_at_least(0), "L1 hot segment cache size"),
-    Setting("index_cache_size", "256MiB", _size_at_least(0), "L2 index cache size"),
-    Setting("readahead_segments", "2", _int_in(0, 64), "Segments to prefetch on sequential reads"),
-    Setting(
-        "compression_codec",
-        "snappy",
-        _one_of("none", "snappy", "lz4", "zstd"),
-        "Codec applied to batches that arrive uncompressed",
-    ),
-    Setting(
-        "max_decompression_factor",
-        "64",
-        _int_in(1, 1024),
-        "A compressed batch may decompress to at most this many times its topic's "
-        "max.message.bytes (MESSAGE_TOO_LARGE beyond)",
-    ),
-    Setting("auto_create_topics", "true", parse_bool, "Create unknown topics on Metadata/Produce"),
-    Setting(
-        "auto_create_partitions", "1", _int_in(1, 100_000), "Partitions of an auto-created topic"
-    ),
-    Setting(
-        "retention_check_interval_ms",
-        "300000",
-        _int_in(100, 86_400_000),
-        "How often segments past their topic's retention.ms/retention.bytes are deleted",
-    ),
-    Setting(
-        "group_initial_rebalance_delay_ms",
-        "3000",
-        _int_in(0, 300_000),
-        "How long the first rebalance of an empty group waits for more members",
-    ),
-    Setting(
-        "group_min_session_timeout_ms",
-        "6000",
-        _int_in(1, 3_600_000),
-        "Smallest session timeout a consumer may ask for",
-    ),
-    Setting(
-        "group_max_session_timeout_ms",
-        "1800000",
-        _int_in(1, 3_600_000),
-        "Largest session timeout a consumer may ask for",
-    ),
-    Setting(
-        "fetch_unflushed",
-        "false",
-        parse_bool,
-        "Let consumers read buffered data not yet committed to S3",
-    ),
-    Setting(
-        "buffer_bytes",
-        "512MiB",
-        _size_at_least(1024 * 1024),
-        "Unflushed bytes the broker may hold (split among shards); beyond it produce is refused "
-        "with a retriable error",
-    ),
-    Setting(
-        "s3_latency_threshold_ms",
-        "5000",
-        _int_in(1, 600_000),
-        "An upload slower than this marks S3 degraded: produce is refused until uploads are fast",
-    ),
-    Setting(
-        "max_request_bytes",
-        "100MiB",
-        _size_at_least(1024),
-        "Largest request frame accepted (Kafka's socket.request.max.bytes)",
-    ),
-    Setting(
-        "max_decoded_request_bytes",
-        "1MiB",
-        _size_at_least(1024),
-        "Largest part of a request decoded field by field: a whole request other than Produce, "
-        "JoinGroup and SyncGroup; theirs besides record batches and group metadata. Bounds the "
-        "memory (~25x) and CPU of decoding one request",
-    ),
-    Setting(
-        "max_request_elements",
-        "30000",
-        _int_in(100, 10_000_000),
-        "Most array elements (topics, partitions, groups, ...) one request may hold: bounds the "
-        "event-loop time of handling and answering it (~10 us each at worst)",
-    ),
-    Setting(
-        "shards",
-        str(os.cpu_count() or 1),
-        _int_in(1, 256),
-        "Shard worker processes (default: CPU count)",
-    ),
-    Setting("log_level", "info", _one_of("debug", "info", "warning", "error"), "Log level"),
-    Setting(
-        "boot_timeout_ms",
-        "15000",
-        _int_in(100, 600_000),
-        "How long a child process or backend may take to come up before serve fails",
-    ),
-    Setting(
-        "child_hang_timeout_ms",
-        "60000",
-        _int_in(1000, 3_600_000),
-        "A child that answers none of its liveness pings (every 2 s) for this long is killed "
-        "and respawned",
-    ),
-    Setting(
-        "s3_timeout_ms",
-        "10000",
-        _int_in(100, 600_000),
-        "Connect and read timeout of one S3 request (tried twice); S3 counts as unavailable "
-        "after that",
-    ),
-    Setting(
-        "etcd_timeout_ms",
-        "5000",
-        _int_in(100, 600_000),
-        "Deadline of one etcd call; etcd counts as unavailable after that",
-    ),
-)
-
-SETTINGS_BY_FIELD = {setting.field: setting for setting in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -579,7 +173,7 @@ def load(environ: Mapping[str, str], overrides: Mapping[str, str | None] | None 
         try:
             values[setting.field] = setting.parse(text)
         except ValueError as exc:
-            if setting.secret or isinstance(exc, _Unshowable):
+            if setting.secret or isinstance(exc, UnshowableValue):
                 raise ConfigError(f"invalid {source}: {exc}") from None
             raise ConfigError(f"invalid {source}={text!r}: {exc}") from None
     config = Config(**values)
