@@ -31,7 +31,7 @@ from kio.serial._introspect import (
 from kio.static.protocol import RequestPayload
 
 from kafscale.frontend.dispatch import APIS
-from kafscale.protocol import codec
+from kafscale.protocol import bounds, codec
 
 Variant = typing.Literal["small", "valued"]
 
@@ -175,21 +175,12 @@ def spliced(schema: type[Any], path: tuple[str, ...], count: int, variant: Varia
     differs = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)
     if schema.__flexible__:  # compact count: uvarint(n + 1), one byte for 1 and 2
         count_at, count_end = differs, differs + 1
-        encoded_count = _uvarint(count + 1)
+        encoded_count = bounds.write_uvarint(count + 1)
     else:  # legacy count: int32, differing in its last byte
         count_at, count_end = differs - 3, differs + 1
         encoded_count = struct.pack(">i", count)
     element = one[count_end : count_end + element_size]
     return one[:count_at] + encoded_count + element * count + one[count_end + element_size :]
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def load(api_key: int, version: int) -> type[RequestPayload]:
