@@ -17,14 +17,16 @@ accepts every framing a maintained client writes, and on malformed input raises
 - zstd (4): one frame with its content size; frames without one (Java's ZstdOutputStream,
   librdkafka's streaming writer) and concatenated frames are read too.
 
-Decompression is bounded: ``decompress`` stops once the output would pass ``limit`` bytes and
-raises ``DecompressedTooLarge`` (a zstd frame of 32 KB can hold 1 GiB of zeros). Every codec runs
-in C, fed so that a bomb costs little more than the bound and usually far less: gzip and lz4
-yield their output in pieces of at most ``PIECE_BYTES``, a snappy block declares its length up
-front, and a zstd frame is walked block by block (RFC 8878 section 3.1.1: each block says how
-much it yields, at most 128 KiB): a frame whose blocks may pass the bound is first decoded
-holding one block at a time and counted, and decoded for real only if it fits. No declared
-content size is trusted (``lz4.frame.decompress`` would allocate a forged one).
+At most ``MAX_FRAMES`` concatenated gzip members, lz4 frames or zstd frames are read (each costs
+a decoder and a copy of what follows it). Decompression is bounded: ``decompress`` stops once the
+output would pass ``limit`` bytes and raises ``DecompressedTooLarge`` (a zstd frame of 32 KB can
+hold 1 GiB of zeros). Every codec runs in C, fed so that a bomb costs little more than the bound
+and usually far less: gzip and lz4 yield their output in pieces of at most ``PIECE_BYTES``, a
+snappy block declares its length up front, and a zstd frame is walked block by block (RFC 8878
+section 3.1.1: each block says how much it yields, at most 128 KiB): a frame whose blocks may pass
+the bound is first decoded holding one block at a time and counted, and decoded for real only if
+it fits. No declared content size is trusted (``lz4.frame.decompress`` would allocate a forged
+one).
 
 ``read_limit`` is the bound for readers that do not know the topic's ``max.message.bytes``
 (Fetch-side tools, ListOffsets, the Spark reader): ``DEFAULT_FACTOR`` times the larger of Kafka's
@@ -115,6 +117,17 @@ ZSTD_BLOCK_RLE, ZSTD_BLOCK_COMPRESSED, ZSTD_BLOCK_RESERVED = 1, 2, 3
 ZSTD_BLOCK_MAX = 128 * 1024  # Block_Maximum_Size: no block yields more
 #: gzip and lz4 output is taken in pieces of at most this: a bomb stops one piece past the bound.
 PIECE_BYTES = 1024 * 1024
+#: Concatenated gzip members, lz4 frames or zstd frames (skippable ones included) one records
+#: section may hold. Every maintained client writes one; each further one costs a decoder and a
+#: copy of the input left, so thousands of tiny ones would cost seconds (quadratic in the size).
+MAX_FRAMES = 64
+
+
+def _count_frame(codec: str, frames: int) -> int:
+    """``frames`` + 1, or raise once a records section holds more than ``MAX_FRAMES``."""
+    if frames >= MAX_FRAMES:
+        raise CorruptCompressedData(f"{codec}: more than {MAX_FRAMES} concatenated frames")
+    return frames + 1
 
 
 def compress(codec: int, data: Bytes, level: int | None = None) -> bytes:
@@ -166,9 +179,10 @@ def _gzip_decompress(view: memoryview, limit: int) -> bytes:
     if not view:
         raise CorruptCompressedData("empty gzip data")
     pieces: list[bytes] = []
-    produced = 0
+    produced = members = 0
     rest: Bytes = view
     while rest:
+        members = _count_frame("gzip", members)
         member = zlib.decompressobj(GZIP_WBITS)
         data: Bytes = rest
         while not member.eof:
@@ -248,8 +262,9 @@ def _lz4_decompress(data: Bytes, limit: int) -> bytes:
     if not rest:
         raise CorruptCompressedData("lz4: empty data")
     pieces: list[bytes] = []
-    produced = 0
+    produced = frames = 0
     while rest:
+        frames = _count_frame("lz4", frames)
         frame = lz4.frame.LZ4FrameDecompressor()
         given = rest
         while not frame.eof:
@@ -273,9 +288,10 @@ def _zstd_decompress(view: memoryview, limit: int) -> bytes:
     if not view:
         raise CorruptCompressedData("zstd: empty data")
     pieces: list[bytes] = []
-    produced = 0
+    produced = frames = 0
     pos = 0
     while pos < len(view):
+        frames = _count_frame("zstd", frames)
         end, blocks = _zstd_frame(view, pos)
         if blocks:  # not a skippable frame
             if produced + sum(most for _, most in blocks) > limit:

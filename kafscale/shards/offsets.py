@@ -153,7 +153,8 @@ class OffsetLookups:
         op.reading -= 1
         if isinstance(error, CorruptBatch):
             self.reads.faults.report(where, str(error), api="ListOffsets")
-            op.answers[i] = error_answer(ErrorCode.corrupt_message, str(error))
+            # The client learns which batch; the object key stays in the log.
+            op.answers[i] = error_answer(ErrorCode.corrupt_message, error.fault)
         elif error is not None:
             op.answers[i] = error_answer(*self.reads.read_error(where, error))
         elif found is not None:

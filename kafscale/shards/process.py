@@ -51,6 +51,7 @@ FLUSH_TIMEOUT_MS = 10_000
 SLOW_PENALTY_MS = 2_000
 FLUSH_ALL_TIMEOUT_MS = 60_000  # how long a slow upload keeps produce refused
 ACKS_ALL = -1
+UNAVAILABLE = "cannot load the partition: the object store or metadata store is unavailable"
 NOTICES = (messages.LogStartMoved, messages.ReleaseFetch)  # nobody waits on an answer to these
 
 
@@ -248,8 +249,13 @@ class Shard:
             return _error(ErrorCode.unknown_topic_or_partition, str(exc)), None
         except (MetadataStoreError, ObjectStoreError, RpcError) as exc:
             # An outage while loading the partition: retriable; the next request loads again.
+            # The backend's text (endpoints, bucket) goes to the log, never to the client.
             metrics.BATCHES_REJECTED.labels("storage").inc()
-            return _error(ErrorCode.kafka_storage_error, f"cannot load the partition: {exc}"), None
+            log.warning(
+                "cannot load the partition",
+                extra={"topic": entry.topic, "partition": entry.partition, "error": str(exc)},
+            )
+            return _error(ErrorCode.kafka_storage_error, UNAVAILABLE), None
         partition.codec = entry.codec
         # The topic's segment.bytes, as of this request (it may be altered at any time).
         partition.segment_bytes = entry.segment_bytes or self.config.segment_bytes

@@ -54,7 +54,7 @@ from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.reads import SegmentRef
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
-from kafscale.storage.segment import CorruptSegment, Index
+from kafscale.storage.segment import CorruptBatch, CorruptSegment, Index
 
 log = logging.getLogger(__name__)
 
@@ -339,9 +339,9 @@ class ReadPath:
             return self.partition_for(topic, topic_id, partition, query.topic_created_ms)
         except StaleTopic as exc:
             return _error(ErrorCode.unknown_topic_or_partition, str(exc))
-        except Exception as exc:  # a partition that cannot load is that partition's error
+        except Exception:  # a partition that cannot load is that partition's error
             log.exception("cannot load partition", extra={"topic": topic, "partition": partition})
-            return _error(ErrorCode.kafka_storage_error, f"cannot load the partition: {exc}")
+            return _error(ErrorCode.kafka_storage_error, "cannot load the partition")
 
     def visible_end(self, partition: PartitionLog) -> int:
         return partition.next_offset if self.unflushed else partition.high_watermark
@@ -430,18 +430,25 @@ class ReadPath:
         part.error = ErrorCode.kafka_storage_error
         self._probing = False  # whatever the probe found, the next read may probe again
         if isinstance(error, ObjectStoreError) and not isinstance(error, ObjectNotFound):
-            part.message = f"cannot read {key}: {error}"
+            # Keys and the backend's text (endpoints, bucket) go to the log, not to clients.
+            part.message = "the object store cannot be read; retry later"
             if not self._degraded:
                 log.error("object store read failed: refusing reads that need it", exc_info=error)
             self._degraded, self._probing = True, False
             self._refuse_until_ms = self.now() + READ_BACKOFF_MS
             metrics.S3_READ_HEALTHY.labels(self.label).set(0)
         elif isinstance(error, (CorruptSegment, ObjectNotFound, records.CorruptRecordBatch)):
-            part.message = f"committed data cannot be read: {error}"
+            # A batch that does not decode is named by partition and offsets (useful, and no
+            # location); other faults name an object key, which stays in the log.
+            part.message = (
+                f"committed data cannot be read: {error.fault}"
+                if isinstance(error, CorruptBatch)
+                else "committed data cannot be read (corrupt or missing object)"
+            )
             self.faults.report(key, str(error))
         else:
             part.error = ErrorCode.unknown_server_error
-            part.message = f"reading {key} failed: {error!r}"
+            part.message = f"reading the partition failed ({type(error).__name__})"
             log.error("read failed", exc_info=error, extra={"key": key})
 
     def healthy(self) -> None:

@@ -145,9 +145,7 @@ def _chunk(ref: SegmentRef, position: int, data: memoryview) -> Chunk:
             break  # the end of the window
         batch = data[end : end + header.size]
         if segments.batch_crc(batch) != header.crc:
-            fault = (
-                f"{where} (offsets {header.base_offset}..{header.last_offset}) fails its CRC32C"
-            )
+            fault = f"{where} (offsets {header.base_offset}..{header.last_offset}) fails its CRC32C"
             break
         starts.append(end)
         lasts.append(header.last_offset)
@@ -184,7 +182,8 @@ def find_timestamp(
                     return record.offset, record.timestamp
         except (CorruptRecordBatch, CorruptCompressedData) as exc:
             raise CorruptBatch(
-                f"{where}: batch of offsets {header.base_offset}..{header.last_offset} "
-                f"does not decode: {exc}"
+                where,
+                f"batch of offsets {header.base_offset}..{header.last_offset} "
+                f"does not decode: {exc}",
             ) from None
     return None

@@ -86,8 +86,9 @@ def read_slice(
             ]
         except (CorruptRecordBatch, CorruptCompressedData) as exc:
             fault = CorruptBatch(
-                f"{where}: batch at offsets {header.base_offset}..{header.last_offset} does not "
-                f"decode: {exc}"
+                where,
+                f"batch at offsets {header.base_offset}..{header.last_offset} does not "
+                f"decode: {exc}",
             )
             if fail_on_data_loss:
                 raise fault from None

@@ -85,7 +85,13 @@ class CorruptSegment(Exception):
 
 class CorruptBatch(CorruptSegment):
     """A batch whose framing and CRC are sound but whose records do not decode (or decompress
-    past the bound): stored by something that did not validate it. The message names it."""
+    past the bound): stored by something that did not validate it. The message names it and
+    where it lies (an object key, for the log); ``fault`` says what is wrong without the
+    location (for a client's error message)."""
+
+    def __init__(self, where: str, fault: str) -> None:
+        super().__init__(f"{where}: {fault}")
+        self.fault = fault
 
 
 class BatchSpan(NamedTuple):

@@ -98,7 +98,7 @@ async def _ask(ctx: RequestContext, message: AlterTopicConfigs) -> list[Outcome]
         reply = await ctx.broker.coordinator.call(message)
     except RpcError as exc:
         log.warning("coordinator unavailable", extra={"error": str(exc), "peer": ctx.peer})
-        unavailable = f"the coordinator is unavailable: {exc}"
+        unavailable = "the coordinator is unavailable"  # the detail is logged, not sent
         return [(ErrorCode.request_timed_out, unavailable) for _ in message.topics]
     if not isinstance(reply, TopicResults):
         log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})

@@ -75,7 +75,7 @@ async def _ask(ctx: RequestContext, message: CreatePartitions, timeout: float) -
         reply = await ctx.broker.coordinator.call(message, timeout=timeout)
     except RpcError as exc:
         log.warning("coordinator unavailable", extra={"error": str(exc), "peer": ctx.peer})
-        unavailable = f"the coordinator did not answer in time: {exc}"
+        unavailable = "the coordinator did not answer in time"  # the detail is logged, not sent
         return [(ErrorCode.request_timed_out, unavailable) for _ in message.topics]
     if not isinstance(reply, TopicResults):
         log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})

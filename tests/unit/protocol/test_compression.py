@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale.protocol.compression import (
+    MAX_FRAMES,
     XERIAL_BLOCK_BYTES,
     Codec,
     CorruptCompressedData,
@@ -221,6 +222,20 @@ def test_the_bound_holds_across_concatenated_frames(codec: Codec) -> None:
     assert decompress(codec, twice, 2 * len(SMALL)) == SMALL * 2
     with pytest.raises(DecompressedTooLarge):
         decompress(codec, twice, 2 * len(SMALL) - 1)
+
+
+@pytest.mark.parametrize("codec", [Codec.GZIP, Codec.LZ4, Codec.ZSTD])
+def test_at_most_max_frames_concatenated_frames_are_read(codec: Codec) -> None:
+    """Thousands of tiny frames would cost a decoder and a copy of the rest each (seconds for a
+    few MiB); every maintained client writes one frame, so past MAX_FRAMES it is refused."""
+    frame = compress(codec, SMALL)
+    assert decompress(codec, frame * MAX_FRAMES, LIMIT) == SMALL * MAX_FRAMES
+    with pytest.raises(CorruptCompressedData, match=f"more than {MAX_FRAMES} concatenated"):
+        decompress(codec, frame * (MAX_FRAMES + 1), LIMIT)
+    # 4 MiB of empty frames: refused after MAX_FRAMES of them, not walked to the end.
+    empty = compress(codec, b"")
+    with pytest.raises(CorruptCompressedData, match="concatenated"):
+        decompress(codec, empty * (4 * 1024 * 1024 // len(empty)), LIMIT)
 
 
 def _zstd_rle_bomb(blocks: int) -> bytes:

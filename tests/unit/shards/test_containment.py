@@ -180,3 +180,19 @@ def test_a_failing_fetch_wake_up_does_not_fail_the_append_it_follows(
     assert [(r.error_code, r.base_offset) for r in reply.results] == [(0, 0)]
     assert rig.shard.unflushed == len(bulk[0])
     assert rig.shard.partitions[(TOPIC, 0)].next_offset == 1
+
+
+def test_a_partition_that_cannot_load_is_a_retriable_error_without_the_backends_text(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kafscale.metadata.store import MetadataStoreError
+
+    def unreachable(*args: Any) -> Any:
+        raise MetadataStoreError("etcd at http://10.1.2.3:2379 is unreachable")
+
+    monkeypatch.setattr(rig.shard, "_partition_for", unreachable)
+    reply = rig.call(*append([0]))
+    assert isinstance(reply, messages.Appended)
+    [result] = reply.results
+    assert result.error_code == ErrorCode.kafka_storage_error
+    assert "10.1.2.3" not in (result.message or "")  # the endpoint stays in the log

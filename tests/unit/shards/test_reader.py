@@ -328,6 +328,8 @@ def test_object_store_outage_refuses_reads_fast_then_probes_and_recovers(
     rig.wait_for(lambda: bool(rig.replies.sent))
     [(result, _)] = rig.answers()
     assert result.error_code == ErrorCode.kafka_storage_error
+    # The client is told to retry; the backend's text and the object key stay in the log.
+    assert result.message == "the object store cannot be read; retry later"
     gets = rig.store.gets
     rig.fetch(0)  # refused at once, without going to the store
     [(result, _)] = rig.answers()
