@@ -92,6 +92,12 @@ class Flusher:
         except FlushError as exc:
             metrics.FLUSH_ERRORS.labels("refused").inc()
             return _failed(job, str(exc), storage_error=False)
+        except Exception as exc:
+            # A bug, or a buffer gone from shared memory: the shard must still hear of it (it
+            # retries), and the worker must answer, or the flusher's shutdown waits for it.
+            log.exception("flush failed", extra={"topic": job.topic, "partition": job.partition})
+            metrics.FLUSH_ERRORS.labels("internal").inc()
+            return _failed(job, f"{type(exc).__name__}: {exc}", storage_error=False)
         metrics.FLUSHES.inc()
         metrics.FLUSH_BYTES.inc(job.size)
         metrics.FLUSH_SECONDS.observe(time.monotonic() - started)

@@ -212,3 +212,16 @@ def test_a_leftover_of_a_topic_that_was_re_created_is_not_ours_to_judge(setup: S
     with pytest.raises(Collision):
         setup.flusher._put_segment(job, setup.kfs_key, OURS)
     assert setup.objects.get(setup.kfs_key) == leftover
+
+
+def test_a_flush_that_fails_unexpectedly_is_still_answered(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The job's buffer is not in shared memory (FileNotFoundError from shm_open): the worker must
+    # still answer, or the shard waits out its flush timeout and the flusher's shutdown hangs.
+    job = msgspec.structs.replace(setup.job(TOPIC_CREATED_MS + 5000), buffer="kafscale-test-gone")
+    reply = setup.flusher.flush(job)
+    assert not reply.committed and not reply.storage_error
+    assert reply.error.startswith("FileNotFoundError")
+    assert any(r.getMessage() == "flush failed" and r.exc_info for r in caplog.records)
+    assert not setup.objects.list("")  # nothing uploaded
