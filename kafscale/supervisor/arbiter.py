@@ -45,6 +45,8 @@ BOOT_ORDER = ("coordinator", "flusher", "shard", "frontend")
 STOP_GRACE_SECONDS = {"frontend": 10.0, "shard": 30.0, "flusher": 60.0, "coordinator": 10.0}
 # How long to wait for a child's BootFailed notice once its exit status says it sent one.
 BOOT_NOTICE_WAIT_S = 0.5
+# How long to wait before trying again to spawn a child that could not be spawned (EAGAIN, ENOMEM).
+SPAWN_RETRY_S = 1.0
 
 
 def metrics_dir(runtime_dir: str) -> str:
@@ -225,39 +227,43 @@ class Arbiter:
         now = time.monotonic()
         for child in self.children:
             if policy.boot_overdue(child, now, self.hang_timeout_s):
-                log.error(
-                    "child did not become ready in time; killing it",
-                    extra={
-                        "child": child.name,
-                        "child_pid": child.pid,
-                        "booting_for_s": round(now - child.started_at, 1),
-                    },
-                )
-                metrics.CHILD_HANGS.labels(child.role).inc()
                 child.overdue = True
-                _signal(child.pid, signal.SIGKILL)
+                self._kill(
+                    child,
+                    "child did not become ready in time; killing it",
+                    booting_for_s=round(now - child.started_at, 1),
+                )
                 continue
             silence = policy.hung(child, now, self.hang_timeout_s)
-            if silence is None:
-                continue
-            log.error(
-                "child does not answer its liveness pings; killing it",
-                extra={
-                    "child": child.name,
-                    "child_pid": child.pid,
-                    "silent_for_s": round(now - silence.since, 1),
-                    "missed_pings": silence.missed,
-                },
-            )
-            metrics.CHILD_HANGS.labels(child.role).inc()
-            child.silence = None
-            _signal(child.pid, signal.SIGKILL)  # a stopped or wedged process ignores SIGTERM
+            if silence is not None:
+                child.silence = None
+                self._kill(
+                    child,
+                    "child does not answer its liveness pings; killing it",
+                    silent_for_s=round(now - silence.since, 1),
+                    missed_pings=silence.missed,
+                )
+
+    def _kill(self, child: Child, message: str, **details: object) -> None:
+        """SIGKILL a hung child (a stopped or wedged process ignores SIGTERM); its exit is reaped
+        and respawned as any other."""
+        log.error(message, extra={"child": child.name, "child_pid": child.pid, **details})
+        metrics.CHILD_HANGS.labels(child.role).inc()
+        _signal(child.pid, signal.SIGKILL)
 
     def _respawn_due(self) -> None:
         now = time.monotonic()
         for child in self.children:
             if not child.alive and child.respawn_at is not None and child.respawn_at <= now:
-                self._spawn(child)
+                try:
+                    self._spawn(child)
+                except OSError as exc:
+                    # Out of processes or memory for a moment: no reason to stop the broker.
+                    log.error(
+                        "cannot spawn a child; trying again",
+                        extra={"child": child.name, "error": str(exc)},
+                    )
+                    child.respawn_at = now + SPAWN_RETRY_S
 
     def _stop_group(self, group: list[Child], grace: float) -> None:
         for child in group:
