@@ -4,7 +4,11 @@ Shards send ``FlushSegment``; a pool of worker threads each reads the sealed buf
 memory, compresses the batches that arrived uncompressed with the partition's codec, builds the
 segment and index (``kafscale.storage.segment``), uploads both in parallel with put-if-absent,
 and asks the coordinator to commit. Only then does the shard hear ``committed``. Many partitions
-flush at once; one partition never has two flushes in flight (the shard sees to that).
+flush at once. A shard sends one flush per partition at a time, but re-sends one unanswered for
+its flush timeout (10 s), which is shorter than an S3 call may take (twice
+``KAFSCALE_S3_TIMEOUT_MS``): the earlier job may still be here. Both build the same bytes from the
+same buffer; a job whose buffer the shard has freed meanwhile is refused, and any failure of a
+job is answered, never left without a reply.
 
 Uploads are deterministic (the segment's created time comes from the shard's seal), so a retry
 after a lost reply writes the same bytes, and a key that exists with the same bytes (or the same
