@@ -36,6 +36,7 @@ from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
 from tests.harness.procs import LOOPBACK
 
+from .test_produce import high_watermark
 from .test_supervision import roles
 from .wire import Wire
 
@@ -291,16 +292,6 @@ def committed_values(broker: Any, topic: str, partition: int) -> list[bytes]:
         store.close()
         objects.close()
     return values
-
-
-def high_watermark(broker: Any, topic: str, partition: int) -> int:
-    config = configuration.load(broker.env)
-    store = open_metadata_store(config)
-    try:
-        kv = store.get(Keys(config.s3_namespace).partition(topic, partition))
-        return records.decode_partition(kv.value).high_watermark if kv else 0
-    finally:
-        store.close()
 
 
 def assert_nothing_acknowledged_lost(broker: Any, loads: list[Load]) -> None:

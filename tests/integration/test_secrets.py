@@ -29,21 +29,11 @@ import pytest
 
 from tests.harness.etcd import EtcdServer
 from tests.harness.minio import MinioServer
+from tests.unit.frontend.test_describe_configs_secrets import HIDDEN, SENSITIVE
 
 pytestmark = pytest.mark.integration
 
 ADMIN_TOKEN = "flush-token-5f0c2a9e71d4"
-SENSITIVE = {"kafscale.s3.access.key", "kafscale.s3.secret.key", "kafscale.admin.token"}
-HIDDEN = {
-    "kafscale.s3.bucket",
-    "kafscale.s3.endpoint",
-    "kafscale.s3.region",
-    "kafscale.s3.path.style",
-    "kafscale.s3.namespace",
-    "kafscale.data.dir",
-    "kafscale.etcd.endpoints",
-    "kafscale.metrics.port",
-}
 TOPIC = "kept"
 
 
