@@ -78,7 +78,14 @@ class Config:
     s3_secret_key: str = dataclasses.field(repr=False)
     etcd_endpoints: tuple[str, ...]
     segment_bytes: int
-    flush_interval_ms: int
+    flush_interval_ms: int  # 0: auto (``flush_interval``)
+    group_commit_ms: int
+    object_bytes: int
+    max_uploads_in_flight: int
+    compaction_buffer_bytes: int
+    compaction_max_age_ms: int
+    metadata_max_txn_ops: int
+    metadata_max_txn_bytes: int
     cache_size: int
     index_cache_size: int
     readahead_segments: int
@@ -114,6 +121,13 @@ class Config:
     @property
     def uses_s3(self) -> bool:
         return bool(self.s3_bucket)
+
+    @property
+    def flush_interval(self) -> int:
+        """``flush_interval_ms`` resolved: auto is 250 ms with S3, 50 ms with the local store."""
+        if self.flush_interval_ms:
+            return self.flush_interval_ms
+        return 250 if self.uses_s3 else 50
 
     @property
     def uses_etcd(self) -> bool:

@@ -68,6 +68,15 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _auto_or(parse: Callable[[str], int]) -> Callable[[str], int]:
+    """``auto`` (0: the broker picks by backend) or what ``parse`` takes."""
+
+    def parse_auto(text: str) -> int:
+        return 0 if text.strip().lower() == "auto" else parse(text)
+
+    return parse_auto
+
+
 def _size_at_least(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = parse_size(text)
@@ -329,9 +338,52 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "flush_interval_ms",
-        "500",
-        _int_in(1, 3_600_000),
-        "Seal a partition buffer this long after its first unflushed byte",
+        "auto",
+        _auto_or(_int_in(1, 3_600_000)),
+        "Upload a write-ahead object this long after its oldest unflushed byte arrived "
+        "(auto: 250 with S3, 50 with the local store, where PUTs cost nothing)",
+    ),
+    Setting(
+        "group_commit_ms",
+        "5",
+        _int_in(0, 60_000),
+        "Upload a write-ahead object this long after an acks=all request began to wait",
+    ),
+    Setting(
+        "object_bytes",
+        "8MiB",
+        _size_at_least(64 * 1024),
+        "Upload a write-ahead object once it holds this many bytes",
+    ),
+    Setting(
+        "max_uploads_in_flight",
+        "4",
+        _int_in(1, 64),
+        "Write-ahead objects uploading at once (commits still go in order)",
+    ),
+    Setting(
+        "compaction_buffer_bytes",
+        "512MiB",
+        _size_at_least(0),
+        "Memory for committed chunks not yet compacted into segments (fuller: smaller segments)",
+    ),
+    Setting(
+        "compaction_max_age_ms",
+        "3600000",
+        _int_in(1000, 7 * 86_400_000),
+        "Compact a partition's chunks into a segment once the oldest is this old",
+    ),
+    Setting(
+        "metadata_max_txn_ops",
+        "128",
+        _int_in(8, 100_000),
+        "Operations per metadata transaction (etcd's --max-txn-ops)",
+    ),
+    Setting(
+        "metadata_max_txn_bytes",
+        "1MiB",
+        _size_at_least(64 * 1024),
+        "Bytes per metadata transaction (under etcd's --max-request-bytes)",
     ),
     Setting("cache_size", "1GiB", _size_at_least(0), "L1 hot segment cache size"),
     Setting("index_cache_size", "256MiB", _size_at_least(0), "L2 index cache size"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kafscale.metadata.records import SegmentRecord
+from kafscale.metadata.records import SegmentRecord, WalRecord
 
 
 class Message(msgspec.Struct, tag=True, frozen=True):
@@ -209,6 +209,135 @@ class FlushAll(Message, frozen=True):
 class FlushedAll(Message, frozen=True):
     partitions: int  # partitions whose data is now committed
     error: str | None = None
+
+
+# -- write path v2 (docs/design/write-path.md) -------------------------------------------------
+#
+#   shard -> flusher   ShardPending (notice)         what the shard holds that no cycle has taken
+#   flusher -> shard   Cut -> CutEntries              seal everything; hand over the sealed buffers
+#   flusher -> shard   ObjectCommitted (notice)       the outcome of each entry of a cycle
+#   flusher -> coord.  CommitObject -> ObjectCommitResult
+#   flusher -> coord.  CommitCompaction -> SegmentCommitted
+#   flusher -> shard   SegmentsCompacted (notice)     chunks replaced by a spec segment
+
+Producers = dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]  # ProducerStates.snapshot
+
+
+class ShardPending(Message, frozen=True):
+    """What a shard holds that no cycle has taken yet (sent when it changes in a way that can
+    move the flusher's decision to cut). ``oldest_ms``: the first append time of the oldest such
+    byte; ``urgent_ms``: since when an acks=all request or a flush waits on such bytes; -1: none."""
+
+    shard: int
+    bytes: int
+    oldest_ms: int = -1
+    urgent_ms: int = -1
+
+
+class Cut(Message, frozen=True):
+    """Seal every open buffer; answer ``CutEntries`` with every sealed buffer no cycle holds."""
+
+    cycle: int
+
+
+class WalEntry(msgspec.Struct, frozen=True):
+    """One sealed buffer for a cycle: bytes ``[0, size)`` of shared-memory ``buffer``
+    (generation ``generation``) hold offsets ``[base_offset, last_offset]`` of a partition."""
+
+    buffer: str
+    generation: int
+    size: int
+    topic: str
+    topic_id: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    records: int
+    max_timestamp: int
+    created_ms: int  # the buffer's seal time (deterministic: an adopted buffer keeps it)
+    codec: int  # applied by the flusher to batches that arrived uncompressed
+    producers: Producers
+    topic_created_ms: int = 0
+
+
+class CutEntries(Message, frozen=True):
+    cycle: int
+    shard: int
+    entries: list[WalEntry]
+
+
+class EntryResult(msgspec.Struct, frozen=True):
+    """The outcome of one ``WalEntry``: ``committed`` with the partition's high watermark and
+    the chunk's record, or not (the shard offers the buffer again), with ``error``."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    committed: bool
+    high_watermark: int = -1
+    error: str | None = None
+    storage_error: bool = False  # S3 or the metadata store failed: a health signal
+    topic_gone: bool = False  # the topic was deleted: the shard drops the partition's data
+    segment: SegmentRecord | None = None  # the committed entry, for the shard's segment list
+
+
+class ObjectCommitted(Message, frozen=True):
+    cycle: int
+    results: list[EntryResult]
+    upload_ms: int = 0
+
+
+class ObjectChunk(msgspec.Struct, frozen=True):
+    """One entry of a write-ahead object to commit: ``chunk.base_offset`` must be the
+    partition's high watermark (or follow the object's previous chunk of that partition)."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    chunk: SegmentRecord
+    producers: Producers  # the idempotence state as of ``chunk.last_offset``
+
+
+class CommitObject(Message, frozen=True):
+    wal: WalRecord
+    chunks: list[ObjectChunk]
+    owner: int = -1  # the committing broker; checked against each partition record's owner
+    leader_epoch: int = 0
+
+
+class ChunkCommitted(msgspec.Struct, frozen=True):
+    topic: str
+    partition: int
+    base_offset: int
+    committed: bool
+    high_watermark: int  # the partition's committed high watermark after the call; -1 unknown
+    error: str | None = None
+    topic_gone: bool = False
+
+
+class ObjectCommitResult(Message, frozen=True):
+    results: list[ChunkCommitted]  # one per ``CommitObject.chunks``, same order
+
+
+class CommitCompaction(Message, frozen=True):
+    """Replace the partition's entries from ``first_base`` through ``last_offset`` (chunks) by
+    ``segment``, uploaded at its spec keys; refused if the entry at ``first_base`` changed."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    first_base: int
+    last_offset: int
+    segment: SegmentRecord
+
+
+class SegmentsCompacted(Message, frozen=True):
+    """The partition's entries covered by ``segment`` are now that spec segment."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    segment: SegmentRecord
 
 
 # -- fetch and list offsets (frontend -> shard) -----------------------------------------------
@@ -580,6 +709,14 @@ AnyMessage = (
     | OffsetsListed
     | AlterTopicConfigs
     | CreatePartitions
+    | ShardPending
+    | Cut
+    | CutEntries
+    | ObjectCommitted
+    | CommitObject
+    | ObjectCommitResult
+    | CommitCompaction
+    | SegmentsCompacted
 )
 
 _encoder = msgspec.msgpack.Encoder()

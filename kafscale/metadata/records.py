@@ -12,7 +12,10 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
     /kafscale/{ns}/deleting/{name}       TopicRecord of a deleted topic whose objects are being
                                          removed; the name cannot be re-created until it is gone
     /kafscale/{ns}/partitions/{topic}/{p}            PartitionRecord: the committed log state
-    /kafscale/{ns}/segments/{topic}/{p}/{base:020d}  SegmentRecord, one per committed segment
+    /kafscale/{ns}/segments/{topic}/{p}/{base:020d}  SegmentRecord, one per committed log entry:
+                                         a spec segment, or a chunk of a write-ahead object
+    /kafscale/{ns}/wal/{broker}/{token}/{seq}        WalRecord: a committed write-ahead object
+                                         (docs/design/write-path.md), deleted with the object
     /kafscale/{ns}/groups/{group}        GroupRecord: a consumer group as of its last rebalance
     /kafscale/{ns}/offsets/{group}/{topic}/{p}       OffsetRecord: a committed offset
 
@@ -60,16 +63,45 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     producers: dict[int, tuple[int, int, list[tuple[int, int, int, int]]]] = msgspec.field(
         default_factory=dict
     )
+    # The broker that owns the partition and its leader epoch: every commit checks both (and the
+    # record's mod_revision), so only the owner at that epoch can move the high watermark.
+    owner: int = -1
+    leader_epoch: int = 0
 
 
 class SegmentRecord(msgspec.Struct, frozen=True):
+    """One entry of a partition's committed log: a spec segment (``object`` empty: the ``.kfs``
+    and ``.index`` at the keys ``kafscale.storage.segment`` derives from the base offset), or a
+    chunk of a write-ahead object (``object`` is its key: ``size`` bytes of record batches at
+    ``position``, no index). Records written before write-ahead objects existed decode as
+    segments."""
+
     base_offset: int
     last_offset: int
-    size: int  # bytes of the .kfs object
-    index_size: int
+    size: int  # bytes of the .kfs object; of the chunk's batches for a chunk
+    index_size: int  # 0 for a chunk
     records: int
     max_timestamp: int
     created_ms: int
+    object: str = ""  # the write-ahead object holding this chunk; "" for a segment
+    position: int = 0  # where the chunk's batches start in ``object``
+    codec: int = 0  # the codec the broker applied (a chunk's; a segment's is in its header)
+
+    @property
+    def is_chunk(self) -> bool:
+        return bool(self.object)
+
+
+class WalRecord(msgspec.Struct, frozen=True):
+    """A write-ahead object that was (at least partly) committed: its key, and the log entries
+    (topic, partition, base offset) it was committed with. The garbage collector deletes the
+    object once no ``SegmentRecord`` refers to it, then this record."""
+
+    key: str
+    size: int
+    created_ms: int
+    broker_id: int
+    entries: list[tuple[str, int, int]] = msgspec.field(default_factory=list)
 
 
 class MemberRecord(msgspec.Struct, frozen=True):
@@ -132,6 +164,14 @@ class Keys:
     def segment(self, topic: str, partition: int, base_offset: int) -> str:
         return f"{self.segments(topic, partition)}{base_offset:020d}"
 
+    @property
+    def wal_objects(self) -> str:
+        return self.root + "wal/"
+
+    def wal_object(self, name: str) -> str:
+        """The WalRecord key of the object whose key ends with ``name`` (broker/token/seq)."""
+        return self.wal_objects + name
+
     def topic_partitions(self, topic: str) -> str:
         return f"{self.root}partitions/{topic}/"
 
@@ -189,6 +229,10 @@ def decode_partition(data: bytes) -> PartitionRecord:
 
 def decode_segment(data: bytes) -> SegmentRecord:
     return msgspec.json.decode(data, type=SegmentRecord)
+
+
+def decode_wal(data: bytes) -> WalRecord:
+    return msgspec.json.decode(data, type=WalRecord)
 
 
 def decode_group(data: bytes) -> GroupRecord:

@@ -83,7 +83,16 @@ class Delete:
     key: str
 
 
-Operation = Put | Delete
+@dataclass(frozen=True, slots=True)
+class DeleteRange:
+    """Delete every key ``k`` with ``start <= k < end`` (etcd's range delete: one operation
+    whatever the number of keys)."""
+
+    start: str
+    end: str
+
+
+Operation = Put | Delete | DeleteRange
 
 
 @dataclass(frozen=True, slots=True)

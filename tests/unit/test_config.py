@@ -14,7 +14,8 @@ def test_defaults() -> None:
     assert config.metrics_port == 9093
     assert config.s3_namespace == "default"
     assert config.segment_bytes == 4 * MiB
-    assert config.flush_interval_ms == 500
+    assert config.flush_interval_ms == 0  # auto
+    assert config.flush_interval == 50  # the local store
     assert config.cache_size == 1024 * MiB
     assert config.index_cache_size == 256 * MiB
     assert config.readahead_segments == 2
