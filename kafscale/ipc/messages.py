@@ -258,6 +258,7 @@ class WalEntry(msgspec.Struct, frozen=True):
     codec: int  # applied by the flusher to batches that arrived uncompressed
     producers: Producers
     topic_created_ms: int = 0
+    segment_bytes: int = 0  # the topic's segment.bytes (the compaction target); 0: the broker's
 
 
 class CutEntries(Message, frozen=True):
