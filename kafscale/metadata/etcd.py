@@ -41,6 +41,7 @@ with warnings.catch_warnings():
 
 from kafscale.metadata.store import (
     Compare,
+    DeleteRange,
     EventType,
     KeyValue,
     LeaseExpired,
@@ -362,8 +363,8 @@ class EtcdMetadataStore:
     ) -> TxnResult:
         request = etcdrpc.TxnRequest(
             compare=[message for compare in compares for message in _compare_messages(compare)],
-            success=[_request_op(op) for op in success],
-            failure=[_request_op(op) for op in failure],
+            success=_request_ops(success),
+            failure=_request_ops(failure),
         )
         response = self._call(lambda: self._client.kvstub.Txn(request, self._timeout))
         return TxnResult(bool(response.succeeded), int(response.header.revision))
@@ -416,10 +417,20 @@ def _put_request(op: Put) -> Any:
     return etcdrpc.PutRequest(key=op.key.encode(), value=op.value, lease=op.lease_id)
 
 
+def _request_ops(ops: Sequence[Operation]) -> list[Any]:
+    """The RequestOps of ``ops``. An empty ``DeleteRange`` (``end <= start``) is left out: etcd
+    would read an empty ``range_end`` as "just the key ``start``"."""
+    return [_request_op(op) for op in ops if not isinstance(op, DeleteRange) or op.start < op.end]
+
+
 def _request_op(op: Operation) -> Any:
     if isinstance(op, Put):
         return etcdrpc.RequestOp(request_put=_put_request(op))
-    return etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=op.key.encode()))
+    if isinstance(op, DeleteRange):
+        request = etcdrpc.DeleteRangeRequest(key=op.start.encode(), range_end=op.end.encode())
+    else:
+        request = etcdrpc.DeleteRangeRequest(key=op.key.encode())
+    return etcdrpc.RequestOp(request_delete_range=request)
 
 
 def _compare_messages(compare: Compare) -> Iterator[Any]:

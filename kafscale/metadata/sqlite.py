@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from kafscale.metadata.store import (
     Compare,
     Delete,
+    DeleteRange,
     EventType,
     KeyValue,
     LeaseExpired,
@@ -86,28 +87,44 @@ def _apply(conn: sqlite3.Connection, ops: Sequence[Operation]) -> int:
     revision: int = conn.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()[0]
     new, seq = revision + 1, 0
     for op in ops:
-        key = op.key.encode()
         if isinstance(op, Put):
-            if (
-                op.lease_id
-                and not conn.execute("SELECT 1 FROM leases WHERE id = ?", (op.lease_id,)).fetchone()
-            ):
-                raise LeaseExpired(f"lease {op.lease_id:x} expired or was revoked")
-            row = conn.execute("SELECT create_revision FROM kv WHERE key = ?", (key,)).fetchone()
-            conn.execute(
-                "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?)",
-                (key, op.value, row[0] if row else new, new, op.lease_id),
-            )
-            conn.execute("INSERT INTO events VALUES (?, ?, 0, ?, ?)", (new, seq, key, op.value))
-        elif conn.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount:
-            conn.execute("INSERT INTO events VALUES (?, ?, 1, ?, X'')", (new, seq, key))
+            _put(conn, op, new, seq)
+            seq += 1
         else:
-            continue
-        seq += 1
+            for key in _keys_deleted(conn, op):
+                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+                conn.execute("INSERT INTO events VALUES (?, ?, 1, ?, X'')", (new, seq, key))
+                seq += 1
     if not seq:
         return revision
     conn.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (new,))
     return new
+
+
+def _put(conn: sqlite3.Connection, op: Put, revision: int, seq: int) -> None:
+    if (
+        op.lease_id
+        and not conn.execute("SELECT 1 FROM leases WHERE id = ?", (op.lease_id,)).fetchone()
+    ):
+        raise LeaseExpired(f"lease {op.lease_id:x} expired or was revoked")
+    key = op.key.encode()
+    row = conn.execute("SELECT create_revision FROM kv WHERE key = ?", (key,)).fetchone()
+    conn.execute(
+        "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?)",
+        (key, op.value, row[0] if row else revision, revision, op.lease_id),
+    )
+    conn.execute("INSERT INTO events VALUES (?, ?, 0, ?, ?)", (revision, seq, key, op.value))
+
+
+def _keys_deleted(conn: sqlite3.Connection, op: Delete | DeleteRange) -> list[bytes]:
+    """The existing keys ``op`` deletes, in key order (one DELETE event each, as etcd sends)."""
+    params: tuple[bytes, ...]
+    if isinstance(op, Delete):
+        where, params = "key = ?", (op.key.encode(),)
+    else:
+        where, params = "key >= ? AND key < ?", (op.start.encode(), op.end.encode())
+    rows = conn.execute(f"SELECT key FROM kv WHERE {where} ORDER BY key", params).fetchall()
+    return [bytes(key) for (key,) in rows]
 
 
 def _revoke(conn: sqlite3.Connection, lease_id: int) -> None:
@@ -136,9 +153,18 @@ def _compare_holds(conn: sqlite3.Connection, compare: Compare) -> bool:
 
 
 def _check_distinct_keys(ops: Sequence[Operation]) -> None:
-    keys = [op.key for op in ops]
-    if len(set(keys)) != len(keys):  # etcd refuses these too ("duplicate key given in txn")
+    """Refuse what etcd refuses ("duplicate key given in txn request"): a key put or deleted
+    twice, or put inside a range the same branch deletes."""
+    keys = [op.key for op in ops if not isinstance(op, DeleteRange)]
+    if len(set(keys)) != len(keys):
         raise MetadataStoreError(f"a transaction branch touches a key twice: {keys}")
+    for deleted in (op for op in ops if isinstance(op, DeleteRange)):
+        for put in (op for op in ops if isinstance(op, Put)):
+            if deleted.start <= put.key < deleted.end:
+                raise MetadataStoreError(
+                    f"a transaction branch puts {put.key} inside the range it deletes"
+                    f" [{deleted.start}, {deleted.end})"
+                )
 
 
 class SqliteLease:
