@@ -1,0 +1,178 @@
+"""Garbage collection of write-ahead objects (docs/design/write-path.md, sections 3 and 6).
+
+A write-ahead object holds chunks of many partitions; each committed chunk is a ``SegmentRecord``
+naming the object. The coordinator counts, per object that has a ``WalRecord``, the records that
+still reference it. Only the coordinator writes those records, so the count is exact: rebuilt at
+boot (``load``) and kept up to date by whoever adds or removes references on its behalf (the
+object committer, compaction, retention, topic deletion call ``added``/``removed``).
+
+An object whose count is 0 is deleted ``WAL_GC_GRACE_MS`` after ``sweep`` first saw it so (a read
+that found its chunk just before has that long to finish), then its ``WalRecord``. ``sweep`` runs
+from the coordinator's idle loop and does bounded work per call: at most ``SWEEP_LIMIT`` objects,
+one DeleteObjects request and one metadata transaction. A failed delete is retried after
+``RETRY_MS``; the object stays counted at 0 meanwhile.
+
+Containment: a ``WalRecord`` that does not decode names no object we could delete: it is left
+alone. A segment record that does not decode might reference any object its partition's entries
+came from, so those objects are kept (``pinned``) for as long as this coordinator runs. Both are
+logged once and counted in ``kafscale_read_faults_total{path="wal_gc"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import msgspec
+
+from kafscale import metrics
+from kafscale.metadata import records
+from kafscale.metadata.records import Keys
+from kafscale.metadata.store import Delete, MetadataStore, MetadataStoreError
+from kafscale.storage import wal
+from kafscale.storage.faults import FaultLog
+from kafscale.storage.objects import ObjectStore, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+WAL_GC_GRACE_MS = 60_000
+SWEEP_LIMIT = 100  # objects per sweep: one DeleteObjects request, one transaction (etcd: 128 ops)
+RETRY_MS = 5_000  # after a failed delete (S3 or the metadata store down)
+UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
+
+
+class WalReferences:
+    """Reference counts of the committed write-ahead objects, and their deletion at 0."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        objects: ObjectStore,
+        keys: Keys,
+        grace_ms: int = WAL_GC_GRACE_MS,
+    ) -> None:
+        self.store = store
+        self.objects = objects
+        self.keys = keys
+        self.grace_ms = grace_ms
+        self._counts: dict[str, int] = {}  # object key -> SegmentRecords referencing it
+        self._record_keys: dict[str, str] = {}  # object key -> its WalRecord's key
+        self._pinned: set[str] = set()  # never deleted by this coordinator (see the docstring)
+        self._fresh: dict[str, None] = {}  # at 0 since the last sweep (ordered: a set in order)
+        self._since: dict[str, int] = {}  # at 0 since (ms, the sweep that saw it), oldest first
+        self._retry_at = 0
+        self._faults = FaultLog(log, "wal_gc", metrics.READ_FAULTS.labels("wal_gc").inc)
+
+    # -- counting (no I/O) ----------------------------------------------------------------------
+
+    def added(self, object_key: str, count: int) -> None:
+        """``count`` more records reference the object (0: its WalRecord exists, unreferenced)."""
+        total = self._counts.get(object_key, 0) + count
+        self._counts[object_key] = total
+        if object_key not in self._record_keys:
+            self._record_keys[object_key] = self.keys.wal_object(wal.object_name(object_key))
+        if total > 0:
+            self._fresh.pop(object_key, None)
+            self._since.pop(object_key, None)
+        elif object_key not in self._since:
+            self._fresh[object_key] = None
+
+    def removed(self, object_key: str, count: int) -> None:
+        """``count`` records referencing the object were deleted."""
+        if count <= 0:
+            return
+        known = self._counts.get(object_key)
+        if known is None:
+            # Its WalRecord did not decode at boot (or a bug): never delete what we cannot count.
+            log.warning("references removed from an unknown WAL object", extra={"key": object_key})
+            return
+        if count > known:
+            log.error(
+                "more WAL object references removed than counted",
+                extra={"key": object_key, "counted": known, "removed": count},
+            )
+        self._counts[object_key] = max(known - count, 0)
+        if self._counts[object_key] == 0 and object_key not in self._since:
+            self._fresh[object_key] = None
+
+    def count(self, object_key: str) -> int | None:
+        """The object's reference count; None for an object without a (readable) WalRecord."""
+        return self._counts.get(object_key)
+
+    def due(self, now_ms: int, limit: int = SWEEP_LIMIT) -> list[str]:
+        """Stamp the objects that reached 0 since the last call with ``now_ms``; the oldest ones
+        at 0 for the grace period (at most ``limit``), which are no longer tracked as due."""
+        for key in self._fresh:
+            self._since[key] = now_ms
+        self._fresh.clear()
+        found: list[str] = []
+        for key, since in self._since.items():
+            if len(found) == limit or since > now_ms - self.grace_ms:
+                break
+            found.append(key)
+        for key in found:
+            del self._since[key]
+        return [key for key in found if key not in self._pinned]
+
+    # -- I/O ------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Rebuild the counts from the store: every WalRecord, and the segment lists of the
+        partitions their entries name (each partition read once)."""
+        record_keys: dict[str, str] = {}
+        named: dict[tuple[str, int], set[str]] = defaultdict(set)
+        for kv in self.store.get_prefix(self.keys.wal_objects):
+            try:
+                record = records.decode_wal(kv.value)
+            except UNDECODABLE as exc:
+                self._faults.report(kv.key, f"WAL record does not decode: {exc}")
+                continue
+            record_keys[record.key] = kv.key
+            for topic, partition, _ in record.entries:
+                named[(topic, partition)].add(record.key)
+        counts = dict.fromkeys(record_keys, 0)
+        pinned: set[str] = set()
+        for (topic, partition), named_objects in named.items():
+            for kv in self.store.get_prefix(self.keys.segments(topic, partition)):
+                try:
+                    segment = records.decode_segment(kv.value)
+                except UNDECODABLE as exc:
+                    self._faults.report(kv.key, f"segment record does not decode: {exc}")
+                    pinned |= named_objects
+                    continue
+                if segment.object in counts:
+                    counts[segment.object] += 1
+        self._counts = counts
+        self._record_keys = record_keys
+        self._pinned = pinned
+        self._since = {}
+        self._fresh = {key: None for key, count in counts.items() if count == 0}
+        log.info(
+            "WAL object references loaded",
+            extra={"objects": len(counts), "unreferenced": len(self._fresh), "pinned": len(pinned)},
+        )
+
+    def sweep(self, now_ms: int) -> int:
+        """Delete the objects at 0 for the grace period (bounded work), then their WalRecords;
+        returns how many were deleted."""
+        if now_ms < self._retry_at:
+            return 0
+        doomed = self.due(now_ms)
+        if not doomed:
+            return 0
+        try:
+            self.objects.delete_many(doomed)
+            self.store.transaction([], [Delete(self._record_keys[key]) for key in doomed])
+        except (ObjectStoreError, MetadataStoreError) as exc:
+            log.warning(
+                "cannot delete unreferenced WAL objects yet",
+                extra={"objects": len(doomed), "error": str(exc)},
+            )
+            self._retry_at = now_ms + RETRY_MS
+            self._since = {**dict.fromkeys(doomed, now_ms - self.grace_ms), **self._since}
+            return 0
+        for key in doomed:
+            del self._counts[key]
+            del self._record_keys[key]
+        log.debug("unreferenced WAL objects deleted", extra={"objects": doomed})
+        return len(doomed)
