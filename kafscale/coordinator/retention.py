@@ -1,24 +1,29 @@
-"""Retention: deleting a partition's oldest segments once its topic's ``retention.ms`` or
+"""Retention: deleting a partition's oldest log entries once its topic's ``retention.ms`` or
 ``retention.bytes`` says they may go, as Kafka's log cleaner does with ``cleanup.policy=delete``.
 
 Every ``KAFSCALE_RETENTION_CHECK_INTERVAL_MS`` the coordinator walks each partition's committed
-segments (metadata records, no object-store listing), oldest first, and deletes while:
+entries -- spec segments and chunks of write-ahead objects alike (metadata records, no
+object-store listing) -- oldest first, and deletes while:
 
-- time: the segment's largest record timestamp is older than ``retention.ms`` (-1: never), or
-- size: the partition stays at or above ``retention.bytes`` without the segment (-1: never).
+- time: the entry's largest record timestamp is older than ``retention.ms`` (-1: never), or
+- size: the partition stays at or above ``retention.bytes`` without the entry (-1: never).
 
 Deleting is, in order: one compare-and-set transaction that moves the partition's log start
-offset past the deleted segments and removes their records (from then on no reader can find
-them); a notice to the owning shard so it stops serving them at once (fetches below the new start
-get OFFSET_OUT_OF_RANGE); then the ``.kfs``/``.index`` objects. Objects that cannot be deleted
-then (S3 down) are retried at the next round; a coordinator crash between the transaction and
-the deletes leaves them in the bucket (NOTES.md). As in Kafka, retention can empty a partition
-completely; its next offset is unchanged.
+offset past the deleted entries and removes their records (one ``DeleteRange``: they are a prefix
+of the partition's keys; from then on no reader can find them); a notice to the owning shard so it
+stops serving them at once (fetches below the new start get OFFSET_OUT_OF_RANGE); then the
+segments' ``.kfs``/``.index`` objects. A chunk's write-ahead object holds other partitions' data
+too: retention only tells the WAL garbage collector (``WalReferences.removed``), which deletes the
+object once nothing references it. Objects that cannot be deleted then (S3 down) are retried at
+the next round; a coordinator crash between the transaction and the deletes leaves them in the
+bucket (NOTES.md). As in Kafka, retention can empty a partition completely; its next offset is
+unchanged. A round deletes at most ``MAX_ENTRIES`` entries, ``MAX_SEGMENTS`` of them segments, per
+partition (segment objects are deleted one by one on the coordinator's thread).
 
 Containment: a topic, partition or segment record that does not decode (written by another
 version, or damaged) costs that topic or partition this round, logged once (``FaultLog``) and
 counted in ``kafscale_read_faults_total{path="retention"}``; every other partition is cleaned.
-Retention never reads segment bytes: a segment's age is its record's max timestamp.
+Retention never reads segment bytes: an entry's age is its record's max timestamp.
 """
 
 from __future__ import annotations
@@ -26,24 +31,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 
 import msgspec
 import zmq
 
 from kafscale import metrics
 from kafscale.config import Config
+from kafscale.coordinator.wal_gc import WalReferences
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.routing import shard_for
 from kafscale.metadata import records, topic_configs
 from kafscale.metadata.records import Keys, SegmentRecord, TopicRecord
-from kafscale.metadata.store import Compare, Delete, MetadataStore, Put
+from kafscale.metadata.store import Compare, DeleteRange, MetadataStore, Put
 from kafscale.storage import segment as segments
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-MAX_OPERATIONS = 100  # per transaction (etcd allows 128)
+MAX_ENTRIES = 1000  # per partition and round (one DeleteRange whatever their number)
+MAX_SEGMENTS = 100  # per partition and round: two object deletes each
 NO_LIMIT = -1
 # What a record that does not decode raises (msgspec's errors; a config value that is no number).
 UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
@@ -52,7 +60,7 @@ UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
 def expired(
     found: list[SegmentRecord], retention_ms: int, retention_bytes: int, now_ms: int
 ) -> list[SegmentRecord]:
-    """The oldest segments that retention deletes (a prefix of ``found``, in offset order)."""
+    """The oldest entries that retention deletes (a prefix of ``found``, in offset order)."""
     total = sum(s.size for s in found)
     doomed: list[SegmentRecord] = []
     for segment in found:
@@ -65,6 +73,18 @@ def expired(
     return doomed
 
 
+def first_batch(doomed: list[SegmentRecord]) -> list[SegmentRecord]:
+    """The prefix of ``doomed`` one round deletes: at most ``MAX_ENTRIES`` entries holding at
+    most ``MAX_SEGMENTS`` spec segments (chunks cost no object deletes)."""
+    segments_seen = 0
+    for count, entry in enumerate(doomed[:MAX_ENTRIES]):
+        if not entry.is_chunk:
+            if segments_seen == MAX_SEGMENTS:
+                return doomed[:count]
+            segments_seen += 1
+    return doomed[:MAX_ENTRIES]
+
+
 class RetentionCleaner:
     def __init__(
         self,
@@ -73,8 +93,10 @@ class RetentionCleaner:
         objects: ObjectStore,
         context: zmq.Context[zmq.Socket[bytes]],
         runtime_dir: str,
+        refs: WalReferences | None = None,
     ) -> None:
         self.config = config
+        self.refs = refs  # told of the chunk references retention removes
         self.store = store
         self.objects = objects
         self.keys = Keys(config.s3_namespace)
@@ -101,7 +123,7 @@ class RetentionCleaner:
             log.exception("retention round failed")
 
     def run(self, now_ms: int) -> int:
-        """One round over every partition; returns the segments deleted."""
+        """One round over every partition; returns the entries deleted."""
         self._leftovers = self._delete_objects(self._leftovers)
         deleted = 0
         defaults = topic_configs.defaults(self.config)
@@ -141,31 +163,36 @@ class RetentionCleaner:
             ),
             key=lambda s: s.base_offset,
         )
-        doomed = expired(found, retention_ms, retention_bytes, now)[:MAX_OPERATIONS]
+        doomed = first_batch(expired(found, retention_ms, retention_bytes, now))
         if not doomed:
             return 0
         log_start = doomed[-1].last_offset + 1
-        updated = records.PartitionRecord(
-            topic_id=state.topic_id,
-            high_watermark=state.high_watermark,
-            log_start_offset=max(state.log_start_offset, log_start),
-            producers=state.producers,
+        updated = msgspec.structs.replace(
+            state, log_start_offset=max(state.log_start_offset, log_start)
         )
         txn = self.store.transaction(
             [Compare(partition_key, mod_revision=partition_kv.mod_revision)],
             [
                 Put(partition_key, records.encode(updated)),
-                *(Delete(self.keys.segment(topic.name, partition, s.base_offset)) for s in doomed),
+                DeleteRange(
+                    self.keys.segment(topic.name, partition, doomed[0].base_offset),
+                    self.keys.segment(topic.name, partition, log_start),
+                ),
             ],
         )
         if not txn.succeeded:
             return 0  # a commit moved the partition meanwhile: the next round sees it
+        chunks = Counter(s.object for s in doomed if s.is_chunk)
+        if self.refs is not None:
+            for object_key, count in chunks.items():
+                self.refs.removed(object_key, count)
         self._notify(topic, partition, updated.log_start_offset)
         ns = self.config.s3_namespace
         self._leftovers += self._delete_objects(
             [
                 key
                 for s in doomed
+                if not s.is_chunk
                 for key in (
                     segments.segment_key(ns, topic.name, partition, s.base_offset),
                     segments.index_key(ns, topic.name, partition, s.base_offset),
@@ -178,7 +205,8 @@ class RetentionCleaner:
             extra={
                 "topic": topic.name,
                 "partition": partition,
-                "segments": len(doomed),
+                "segments": len(doomed) - chunks.total(),
+                "chunks": chunks.total(),
                 "log_start_offset": updated.log_start_offset,
             },
         )

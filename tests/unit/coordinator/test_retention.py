@@ -11,10 +11,17 @@ import pytest
 import zmq
 
 from kafscale import config as configuration
-from kafscale.coordinator.retention import RetentionCleaner, expired
+from kafscale.coordinator.retention import (
+    MAX_ENTRIES,
+    MAX_SEGMENTS,
+    RetentionCleaner,
+    expired,
+    first_batch,
+)
+from kafscale.coordinator.wal_gc import WalReferences
 from kafscale.metadata import open_metadata_store, records
 from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord
-from kafscale.storage import open_object_store
+from kafscale.storage import open_object_store, wal
 from kafscale.storage import segment as segments
 from kafscale.storage.objects import ObjectStoreError
 
@@ -49,6 +56,26 @@ def test_size_keeps_the_partition_at_or_above_its_limit() -> None:
 def test_no_limits_delete_nothing_and_either_limit_suffices() -> None:
     assert expired(SEGMENTS, -1, -1, NOW) == []
     assert expired(SEGMENTS, 4000, 250, NOW) == SEGMENTS[:1]
+
+
+def chunk(base: int, size: int, max_ts: int, object_key: str = "o") -> SegmentRecord:
+    return SegmentRecord(base, base + 9, size, 0, 10, max_ts, 0, object=object_key, position=32)
+
+
+def test_chunks_and_segments_expire_alike() -> None:
+    mixed = [seg(0, 100, NOW - 5000), chunk(10, 100, NOW - 3000), chunk(20, 100, NOW - 1000)]
+    assert expired(mixed, 2000, -1, NOW) == mixed[:2]
+    assert expired(mixed, -1, 100, NOW) == mixed[:2]
+
+
+def test_a_round_deletes_a_bounded_prefix() -> None:
+    segments_only = [seg(10 * n, 1, 0) for n in range(MAX_SEGMENTS + 50)]
+    assert first_batch(segments_only) == segments_only[:MAX_SEGMENTS]
+    chunks_only = [chunk(10 * n, 1, 0) for n in range(MAX_ENTRIES + 50)]
+    assert first_batch(chunks_only) == chunks_only[:MAX_ENTRIES]
+    mixed = [seg(10 * n, 1, 0) if n % 2 else chunk(10 * n, 1, 0) for n in range(400)]
+    assert first_batch(mixed) == mixed[: 2 * MAX_SEGMENTS + 1]  # to the 101st segment
+    assert first_batch([]) == []
 
 
 # -- records that do not decode cost only their own topic or partition --------------------------
@@ -130,6 +157,57 @@ def test_objects_whose_delete_failed_are_deleted_next_round(
             cleaner.close()
         # The leftover of partition 0 was not forgotten when partition 1 was cleaned after it.
         assert not objects.list(segments.segment_prefix(ns, "logs", 0))
+    finally:
+        context.term()
+        store.close()
+        objects.close()
+
+
+def test_retention_drops_chunk_records_and_tells_the_garbage_collector(tmp_path: Path) -> None:
+    config = configuration.load({"KAFSCALE_DATA_DIR": str(tmp_path), "KAFSCALE_SHARDS": "1"})
+    keys, ns = Keys(config.s3_namespace), config.s3_namespace
+    store = open_metadata_store(config)
+    objects = open_object_store(config)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    wal_keys = [wal.object_key(ns, 0, "0123456789abcdef", seq) for seq in range(3)]
+    try:
+        topic = TopicRecord("logs", str(uuid.UUID(int=1)), 1, {"retention.ms": "2000"})
+        store.put(keys.topic("logs"), records.encode(topic))
+        state = PartitionRecord(topic_id=topic.topic_id, high_watermark=50, owner=0)
+        store.put(keys.partition("logs", 0), records.encode(state))
+        objects.put_if_absent(segments.segment_key(ns, "logs", 0, 0), b"segment")
+        entries = [
+            seg(0, 7, NOW - 9000),
+            chunk(10, 7, NOW - 8000, wal_keys[0]),
+            chunk(20, 7, NOW - 7000, wal_keys[0]),
+            chunk(30, 7, NOW - 6000, wal_keys[1]),
+            chunk(40, 7, NOW - 1000, wal_keys[2]),  # kept
+        ]
+        for entry in entries:
+            store.put(keys.segment("logs", 0, entry.base_offset), records.encode(entry))
+        for object_key in wal_keys:
+            objects.put_if_absent(object_key, b"wal object")
+            record = records.WalRecord(object_key, 10, 0, 0, [("logs", 0, 0)])
+            store.put(keys.wal_object(wal.object_name(object_key)), records.encode(record))
+        refs = WalReferences(store, objects, keys)
+        refs.load()
+        assert [refs.count(k) for k in wal_keys] == [2, 1, 1]
+        cleaner = RetentionCleaner(config, store, objects, context, str(tmp_path), refs)
+        try:
+            assert cleaner.run(NOW) == 4
+        finally:
+            cleaner.close()
+        assert [kv.key for kv in store.get_prefix(keys.segments("logs", 0))] == [
+            keys.segment("logs", 0, 40)
+        ]
+        partition = store.get(keys.partition("logs", 0))
+        assert partition is not None
+        assert records.decode_partition(partition.value) == PartitionRecord(
+            topic_id=topic.topic_id, high_watermark=50, log_start_offset=40, owner=0
+        )
+        assert [refs.count(k) for k in wal_keys] == [0, 0, 1]
+        assert not objects.list(segments.segment_prefix(ns, "logs", 0))
+        assert len(objects.list(wal.wal_prefix(ns))) == 3  # the collector's, after its grace
     finally:
         context.term()
         store.close()
