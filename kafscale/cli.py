@@ -67,13 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
     segment_commands = segments.add_subparsers(dest="segments_command", required=True)
     dump = segment_commands.add_parser(
         "dump",
-        help="print a .kfs/.index object and verify every CRC",
-        description="Print a segment's header, batches and footer (or an index's entries) and "
+        help="print a .kfs/.index/.wal object and verify every CRC",
+        description="Print a segment's header, batches and footer (an index's entries, or a "
+        "write-ahead object's header, directory and footer) and "
         "verify every CRC. The argument is a local file or, if no such file exists, an object "
         "key read through the configured object store (KAFSCALE_* variables). Exit status: 0 "
         "all verified, 1 corrupt, 2 unreadable.",
     )
     dump.add_argument("target", metavar="FILE_OR_KEY")
+    dump.add_argument(
+        "--records",
+        action="store_true",
+        help="also print the batches and records of each chunk of a write-ahead (.wal) object",
+    )
+    listing = segment_commands.add_parser(
+        "list",
+        help="print a partition's committed log (segments and write-ahead chunks)",
+        description="Print a partition's committed state and every entry of its log from the "
+        "configured metadata store: a segment with its object key, a chunk with the write-ahead "
+        "object and byte range holding it. Exit status: 0 listed, 1 no such partition, 2 the "
+        "store could not be read.",
+    )
+    listing.add_argument("topic")
+    listing.add_argument("partition", type=int)
     flush = commands.add_parser(
         "flush",
         help="seal and commit every buffer of a running broker now",
@@ -97,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "flush":
         return flush(args.metrics_url)
     if args.command == "segments":
-        from kafscale.storage import inspect
+        from kafscale.storage import inspect, inspect_log
 
-        return inspect.main([args.target])
+        if args.segments_command == "list":
+            return inspect_log.main([args.topic, str(args.partition)])
+        return inspect.main([args.target, *(["--records"] if args.records else [])])
     return 2
 
 

@@ -44,9 +44,9 @@ _HEADER = struct.Struct(">4sHHqIIII")  # magic, version, flags, created, N, D, d
 _ENTRY_HEAD = struct.Struct(">16sH")  # topic id, topic name length
 # partition, base, last, position, size, records, max timestamp, codec, created, chunk crc
 _ENTRY_TAIL = struct.Struct(">iqqqIiqBqI")
-_FOOTER = struct.Struct(">IQ4s")  # chunks crc, object size, magic
+FOOTER = struct.Struct(">IQ4s")  # CRC32C of the chunks, object size, magic
 HEADER_SIZE = _HEADER.size  # 32
-FOOTER_SIZE = _FOOTER.size  # 16
+FOOTER_SIZE = FOOTER.size  # 16
 _ENTRY_FIXED = _ENTRY_HEAD.size + _ENTRY_TAIL.size  # 75 bytes besides the topic name
 
 _INT32_MAX = 2**31 - 1
@@ -253,7 +253,7 @@ def build_object(
         OBJECT_MAGIC, FORMAT_VERSION, 0, created_ms, len(entries), directory_size,
         crc32c.crc32c(directory), 0,
     )  # fmt: skip
-    footer = _FOOTER.pack(total_crc, size, FOOTER_MAGIC)
+    footer = FOOTER.pack(total_crc, size, FOOTER_MAGIC)
     batches = [batch for chunk in chunks for batch in chunk.batches]
     return b"".join([header, directory, *batches, footer]), entries
 
@@ -291,21 +291,24 @@ def directory_length(header: Header) -> int:
     return HEADER_SIZE + header.directory_size
 
 
-def parse_directory(data: bytes | memoryview) -> list[DirectoryEntry]:
+def parse_directory(data: bytes | memoryview, verify: bool = True) -> list[DirectoryEntry]:
     """The directory entries; ``data`` holds at least the header and directory. Checks the
-    directory's CRC32C, its framing, and that chunks follow each other from the directory's end
-    (not where the last one ends: that needs the footer, see ``parse_object``)."""
-    return list(_parse_directory(memoryview(data).cast("B"), parse_header(data)))
+    directory's framing and that chunks follow each other from the directory's end (not where
+    the last one ends: that needs the footer, see ``parse_object``); ``verify`` (leave it on
+    unless printing a damaged object) adds the directory's CRC32C."""
+    return list(_parse_directory(memoryview(data).cast("B"), parse_header(data), verify))
 
 
-def _parse_directory(view: memoryview, header: Header) -> tuple[DirectoryEntry, ...]:
+def _parse_directory(
+    view: memoryview, header: Header, verify: bool = True
+) -> tuple[DirectoryEntry, ...]:
     end = directory_length(header)
     if len(view) < end:
         raise CorruptObject(
             f"{len(view)} bytes do not hold the header and {end - 32}-byte directory"
         )
     computed = crc32c.crc32c(view[HEADER_SIZE:end])
-    if computed != header.directory_crc:
+    if verify and computed != header.directory_crc:
         raise CorruptObject(
             f"header at position 24: directory CRC32C stored {header.directory_crc:#010x}, "
             f"computed {computed:#010x}"
@@ -362,7 +365,7 @@ def parse_object(data: bytes | memoryview, verify: bool = True) -> ParsedObject:
     size = len(view)
     if size < directory_length(header) + FOOTER_SIZE:
         raise CorruptObject(f"object is {size} bytes, less than its header, directory and footer")
-    chunks_crc, stated_size, magic = _FOOTER.unpack_from(view, size - FOOTER_SIZE)
+    chunks_crc, stated_size, magic = FOOTER.unpack_from(view, size - FOOTER_SIZE)
     if magic != FOOTER_MAGIC:
         raise CorruptObject(f"footer at position {size - 4}: magic {magic!r}, expected b'END!'")
     if stated_size != size:

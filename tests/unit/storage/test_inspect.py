@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from kafscale import cli
 from kafscale.protocol.compression import Codec
 from kafscale.protocol.records import patch_base_offset
-from kafscale.storage import LocalObjectStore
+from kafscale.storage import LocalObjectStore, wal
 from kafscale.storage.inspect import dump, main
 from kafscale.storage.segment import build_segment, index_key, segment_key
 from tests.unit.protocol import poison
 from tests.unit.storage.test_segment import CREATED_MS, make_batches
+from tests.unit.storage.test_wal import chunk_of
 
 
 def segment_and_index() -> tuple[list[bytes], bytes, bytes]:
@@ -22,9 +24,9 @@ def segment_and_index() -> tuple[list[bytes], bytes, bytes]:
     return batches, data, index
 
 
-def dumped(data: bytes) -> tuple[bool, str]:
+def dumped(data: bytes, with_records: bool = False) -> tuple[bool, str]:
     out = io.StringIO()
-    ok = dump(data, out)
+    ok = dump(data, out, with_records)
     return ok, out.getvalue()
 
 
@@ -135,3 +137,94 @@ def test_dump_names_a_batch_whose_records_do_not_decode() -> None:
     assert "decompresses to more than" in verdicts[1]
     assert "BAD" not in text  # every CRC is right
     assert lines[-1] == "result: VERIFICATION FAILED"
+
+
+# --- write-ahead objects ------------------------------------------------------------------------
+
+
+def wal_object() -> tuple[bytes, list[wal.DirectoryEntry]]:
+    return wal.build_object(
+        [chunk_of("orders", 0, 40, [2, 1]), chunk_of("payments", 3, 7, [1])], CREATED_MS
+    )
+
+
+def test_dump_a_wal_object() -> None:
+    data, entries = wal_object()
+    ok, text = dumped(data)
+    assert ok
+    lines = text.splitlines()
+    assert lines[0] == f"write-ahead object: {len(data)} bytes"
+    assert lines[1].startswith("header: magic b'KWAL', version 1, flags 0, created 1700000000000")
+    assert "2 entries, directory of " in lines[1] and lines[1].endswith(" ok")
+    first = entries[0]
+    assert (
+        f"entry 0: orders-0 (topic id {first.topic_id}), offsets 40..42, 3 records, chunk at "
+        f"position {first.position} ({first.size} bytes), crc {first.crc:#010x} ok" in lines
+    )
+    assert any(line.startswith("entry 1: payments-3 ") for line in lines)
+    assert "    codec none, max timestamp 1700000000001 ms" in text
+    assert "footer: crc" in text and f"object size {len(data)}, magic b'END!'" in text
+    assert "batch 0" not in text  # batches only with --records
+    assert lines[-1] == "result: every CRC verified, every record decoded"
+
+
+def test_dump_a_wal_object_with_records() -> None:
+    data, entries = wal_object()
+    ok, text = dumped(data, with_records=True)
+    assert ok
+    assert f"batch 0 at position {entries[0].position} (" in text
+    assert "offsets 42..42, 1 records" in text
+    assert text.count("    records: ") == 3 and "BAD" not in text
+
+
+def test_dump_names_a_bad_chunk_and_directory() -> None:
+    data, entries = wal_object()
+    corrupt = bytearray(data)
+    corrupt[entries[1].position + 30] ^= 0x01  # inside the payments chunk
+    ok, text = dumped(bytes(corrupt), with_records=True)
+    assert not ok
+    lines = text.splitlines()
+    assert "BAD" not in next(line for line in lines if line.startswith("entry 0: "))
+    assert "BAD" in next(line for line in lines if line.startswith("entry 1: "))
+    assert "BAD" in next(line for line in lines if line.startswith("footer: "))
+    assert "verification: chunk 1 (payments-3)" in text
+    assert lines[-1] == "result: VERIFICATION FAILED"
+    corrupt = bytearray(data)
+    corrupt[40] ^= 0x01  # inside the directory: shown anyway, its CRC flagged
+    ok, text = dumped(bytes(corrupt))
+    assert not ok and "BAD (computed" in text.splitlines()[1]
+
+
+def test_dump_survives_a_truncated_wal_object() -> None:
+    data, _ = wal_object()
+    for cut in range(len(data)):
+        ok, text = dumped(data[:cut], with_records=True)
+        assert not ok
+        assert text.rstrip().endswith("result: VERIFICATION FAILED")
+
+
+def test_dump_survives_any_flipped_byte_of_a_wal_object() -> None:
+    data, _ = wal_object()
+    for position in range(len(data)):
+        flipped = bytearray(data)
+        flipped[position] ^= 0xFF
+        ok, _ = dumped(bytes(flipped), with_records=True)
+        assert ok == (8 <= position < 16)  # the header's created_ms is under no CRC
+
+
+def test_main_on_a_wal_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("KAFSCALE_S3_BUCKET", "KAFSCALE_S3_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KAFSCALE_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    data, _ = wal_object()
+    key = wal.object_key("default", 0, "0123456789abcdef", 0)
+    LocalObjectStore(str(tmp_path / "segments")).put_if_absent(key, data)
+    assert main([key]) == 0
+    assert "batch 0" not in capsys.readouterr().out
+    assert main([key, "--records"]) == 0
+    assert "batch 0" in capsys.readouterr().out
+    assert cli.main(["segments", "dump", key, "--records"]) == 0
+    assert "batch 0" in capsys.readouterr().out

@@ -382,3 +382,13 @@ def test_keys_we_would_not_write(key: str) -> None:
 def test_invalid_key_parts(namespace: str, broker: int, token: str, seq: int) -> None:
     with pytest.raises(ValueError):
         object_key(namespace, broker, token, seq)
+
+
+def test_parse_directory_without_verify_reads_past_a_bad_directory_crc() -> None:
+    corrupt = bytearray(PINNED)
+    corrupt[24] ^= 0x01
+    with pytest.raises(CorruptObject, match="directory CRC32C"):
+        parse_directory(bytes(corrupt))
+    assert parse_directory(bytes(corrupt), verify=False) == parse_directory(PINNED)
+    with pytest.raises(CorruptObject, match="directory CRC32C"):
+        parse_object(bytes(corrupt), verify=False)  # the whole object: always checked
