@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kafscale.coordinator.admin import MAX_OPERATIONS, TopicAdmin
+from kafscale.coordinator.wal_gc import WalReferences
 from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicSpec
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys
@@ -14,6 +15,7 @@ from kafscale.metadata.sqlite import SqliteMetadataStore
 from kafscale.metadata.store import TxnResult
 from kafscale.metadata.topic_names import name_error
 from kafscale.protocol.errors import ErrorCode
+from kafscale.storage import wal
 from kafscale.storage.local import LocalObjectStore
 
 
@@ -148,6 +150,39 @@ def test_deleting_a_topic_with_many_segments_batches_its_writes(tmp_path: Path) 
     assert store.get_prefix(keys.deleting) == []
     # marker + one partition batch + segment batches of MAX_OPERATIONS + marker removal
     assert store.writes == 3 + -(-segments // MAX_OPERATIONS)
+    store.close()
+
+
+def test_deleting_a_topic_removes_its_references_to_write_ahead_objects(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+    objects = LocalObjectStore(str(tmp_path / "segments"))
+    keys = Keys("ns")
+    shared, own = (wal.object_key("ns", 0, "0123456789abcdef", seq) for seq in range(2))
+    refs = WalReferences(store, objects, keys)
+    admin = TopicAdmin(store, objects, "ns", default_partitions=2, refs=refs)
+    admin.create(CreateTopics(topics=[TopicSpec(name="t", partitions=2)]))
+    admin.create(CreateTopics(topics=[TopicSpec(name="other", partitions=1)]))
+
+    def chunk(topic: str, partition: int, base: int, object_key: str) -> None:
+        record = records.SegmentRecord(base, base + 9, 10, 0, 10, 0, 0, object=object_key)
+        store.put(keys.segment(topic, partition, base), records.encode(record))
+
+    # shared holds t-0, t-1 and other-0; own only t-0 (150 chunks: more than one batch)
+    chunk("t", 0, 0, shared)
+    chunk("t", 1, 0, shared)
+    chunk("other", 0, 0, shared)
+    for n in range(1, 151):
+        chunk("t", 0, 10 * n, own)
+    store.put(
+        keys.segment("t", 1, 10), records.encode(records.SegmentRecord(10, 19, 1, 1, 1, 0, 0))
+    )
+    store.put(keys.segment("t", 1, 20), b"{damaged")
+    refs.added(shared, 3)
+    refs.added(own, 150)
+    reply = admin.delete(DeleteTopics(names=["t"]))
+    assert [(r.name, r.error_code) for r in reply.results] == [("t", 0)]
+    assert store.get_prefix(keys.topic_segments("t")) == []
+    assert (refs.count(shared), refs.count(own)) == (1, 0)
     store.close()
 
 
