@@ -1,28 +1,39 @@
-"""The read path's caches: L1 holds record batches of committed segments, L2 parsed indexes.
+"""The read path's caches (``EntryCache``): L1 holds record batches of committed log entries,
+L2 parsed segment indexes.
 
 Both are least-recently-used caches bounded by bytes. Each shard has its own pair, sized
 ``KAFSCALE_CACHE_SIZE / shards`` and ``KAFSCALE_INDEX_CACHE_SIZE / shards``: a partition belongs to
-exactly one shard, so a segment is cached once per broker and the per-broker totals hold.
+exactly one shard, so an entry is cached once per broker and the per-broker totals hold.
 
-L1 entries are ``Chunk``s: a run of whole batches of one segment, with where each batch starts
-and which offsets it ends at, so a fetch slices out the batches it needs without decoding or
-copying anything. A chunk is either a whole segment (read in full, or the buffer the shard just
-flushed) or the part of a segment a ranged read brought in. Lookups go by (partition, segment base
-offset, offset); a segment may have several partial chunks.
+An entry is a spec segment or a chunk of a write-ahead object; its key is (topic id, partition,
+base offset, the chunk's object or "" for a segment), so a segment that replaced chunks (at the
+first chunk's base offset) is never mistaken for the chunk. L1 values are ``Chunk``s (the name
+of the cache's unit, not of a write-ahead chunk): a run of whole batches of one entry, with where
+each batch starts and which offsets it ends at, so a fetch slices out the batches it needs
+without decoding or copying anything. A ``Chunk`` is either a whole entry (read in full, or the
+buffer the shard just committed) or the part of one a ranged read brought in; an entry may have
+several partial ones.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
+from kafscale import metrics
+from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol import records
+from kafscale.storage.segment import Index
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+# topic id, partition, entry base offset, the chunk's object ("" for a segment)
+SegmentKey = tuple[str, int, int, str]
 
 
 class ByteLRU(Generic[K, V]):
@@ -131,3 +142,75 @@ def chunk_of(
         raise ValueError("a chunk needs at least one batch")
     first = records.read_header(data, 0).base_offset if first_offset is None else first_offset
     return Chunk(data, first, tuple(starts), tuple(lasts), complete)
+
+
+class PartitionName(Protocol):
+    @property
+    def topic_id(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+
+def entry_key(partition: PartitionName, entry: SegmentRecord) -> SegmentKey:
+    """The caches' key of a partition's entry."""
+    return (partition.topic_id, partition.partition, entry.base_offset, entry.object)
+
+
+class EntryCache:
+    """A shard's L1 (batches of committed entries) and L2 (segment indexes), with their
+    metrics."""
+
+    def __init__(self, segment_bytes: int, index_bytes: int, label: str) -> None:
+        self.segments: ByteLRU[SegmentKey, tuple[Chunk, ...]] = ByteLRU(segment_bytes)
+        self.indexes: ByteLRU[SegmentKey, Index] = ByteLRU(index_bytes)
+        self.label = label
+
+    def cached(self, key: SegmentKey, offset: int, whole: bool = False) -> Chunk | None:
+        """A cached run of batches of entry ``key`` holding ``offset`` (the whole entry with
+        ``whole``)."""
+        for chunk in self.segments.get(key) or ():
+            if chunk.holds(offset) and (chunk.complete or not whole):
+                metrics.CACHE_LOOKUPS.labels("segment", "hit").inc()
+                return chunk
+        metrics.CACHE_LOOKUPS.labels("segment", "miss").inc()
+        return None
+
+    def holds_whole(self, key: SegmentKey) -> bool:
+        return any(c.complete for c in self.segments.peek(key) or ())
+
+    def store(self, key: SegmentKey, chunk: Chunk) -> None:
+        """Keep ``chunk``: a whole entry replaces the parts held; a part is added unless the
+        whole entry is held."""
+        held = self.segments.peek(key) or ()
+        if chunk.complete:
+            chunks: tuple[Chunk, ...] = (chunk,)
+        elif any(c.complete for c in held):
+            return
+        else:
+            chunks = (*held, chunk)
+        self.segments.put(key, chunks, sum(len(c) for c in chunks))
+        self._gauges()
+
+    def move(self, replaced: list[SegmentKey], key: SegmentKey) -> None:
+        """Entries ``replaced`` became entry ``key`` (chunks compacted into a segment, the same
+        batches): what is cached of them is kept, as parts of ``key``."""
+        for old in replaced:
+            held = self.segments.peek(old) or ()
+            self.segments.discard(old)
+            for chunk in held:
+                self.store(key, dataclasses.replace(chunk, complete=False))
+        self._gauges()
+
+    def index(self, key: SegmentKey) -> Index | None:
+        index = self.indexes.get(key)
+        metrics.CACHE_LOOKUPS.labels("index", "miss" if index is None else "hit").inc()
+        return index
+
+    def put_index(self, key: SegmentKey, index: Index, size: int) -> None:
+        self.indexes.put(key, index, max(size, 1))
+        self._gauges()
+
+    def _gauges(self) -> None:
+        metrics.CACHE_BYTES.labels("segment", self.label).set(self.segments.used)
+        metrics.CACHE_BYTES.labels("index", self.label).set(self.indexes.used)

@@ -1,10 +1,12 @@
 """ListOffsets for the partitions a shard owns: special offsets (latest, earliest, ...) at once,
-timestamps by decoding records of the one segment (or buffer) that can hold the answer.
+timestamps by decoding records of the one log entry (or buffer) that can hold the answer.
 
 Kafka's semantics (ListOffsets v1+): a timestamp finds the first record, by offset, whose
 timestamp is at or after it; MAX_TIMESTAMP (-3, KIP-734) the first record with the largest
-timestamp. Segments are chosen from their committed max timestamps (``CommittedSegments``), so
-only one is read, from the L1 cache or whole from the object store.
+timestamp. Entries (spec segments or chunks of write-ahead objects) are chosen from their
+committed max timestamps (``CommittedSegments``), so only one is read, from the L1 cache or whole
+from the object store. A chunk whose object is gone (compacted since the entry list was loaded)
+makes the read path reload the list; the lookup then runs once more.
 
 Records are decoded on the read path's reader threads (``reads.find_timestamp``), never on the
 shard's loop, with decompression bounded: a batch that does not decode (stored by something that
@@ -14,14 +16,15 @@ other partition of the request and every other request is served.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Incoming
+from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards import reads
-from kafscale.shards.cache import Chunk
+from kafscale.shards.cache import Chunk, entry_key
 from kafscale.shards.partition import LEADER_EPOCH, PartitionLog
 from kafscale.shards.reads import SegmentRef
 from kafscale.storage.segment import CorruptBatch
@@ -37,6 +40,7 @@ class ListOp:
     incoming: Incoming
     answers: list[messages.OffsetAnswer]
     reading: int = 0
+    reloaded: set[int] = field(default_factory=set)  # queries that had the entry list reloaded
 
 
 class OffsetLookups:
@@ -109,11 +113,24 @@ class OffsetLookups:
         if segment is None:
             op.answers[i] = messages.OffsetAnswer()
             return
-        key = (partition.topic_id, partition.partition, segment.base_offset)
+        self._search_entry(op, i, partition, segment, target, find_max, timestamp)
+
+    def _search_entry(
+        self,
+        op: ListOp,
+        i: int,
+        partition: PartitionLog,
+        segment: SegmentRecord,
+        target: int,
+        find_max: bool,
+        timestamp: int,
+    ) -> None:
+        """``find_timestamp`` in a committed entry, cached or read whole on a reader thread."""
+        key = entry_key(partition, segment)
         ref = SegmentRef.of(self.reads.namespace, partition.topic, partition.partition, segment)
-        chunk = self.reads.cached(key, segment.base_offset, whole=True)
+        chunk = self.reads.cache.cached(key, segment.base_offset, whole=True)
         if chunk is not None:
-            self._search_chunk(op, i, chunk, target, find_max, ref.key)
+            self._search_chunk(op, i, chunk, target, find_max, ref.where)
             return
         refusal = self.reads.refusal()
         if refusal is not None:
@@ -123,14 +140,37 @@ class OffsetLookups:
         def done(
             result: tuple[Chunk, tuple[int, int] | None] | None, error: BaseException | None
         ) -> None:
+            if self.reads.chunk_gone(segment, error) and i not in op.reloaded:
+                op.reloaded.add(i)
+                self.reads.gate.answered()
+                self.reads.reload(
+                    partition, lambda ok: self._again(op, i, partition, timestamp, ok, error)
+                )
+                return
             if result is not None:
                 self.reads.healthy()
-                self.reads.store(key, result[0])
-            self._searched(op, i, ref.key, None if result is None else result[1], error)
+                self.reads.cache.store(key, result[0])
+            self._searched(op, i, ref.where, None if result is None else result[1], error)
 
         op.reading += 1
         args = (self.reads.objects, ref, target, find_max, self.reads.decompression_factor)
         self.reads.submit(reads.search_segment, args, done)
+
+    def _again(
+        self,
+        op: ListOp,
+        i: int,
+        partition: PartitionLog,
+        timestamp: int,
+        reloaded: bool,
+        gone: BaseException | None,
+    ) -> None:
+        """After the entry list was reloaded for a chunk found gone: look up once more."""
+        if reloaded:
+            self._search(op, i, partition, timestamp)
+        else:
+            self._answer(op, i, f"{partition.topic}-{partition.partition}", None, gone)
+        self._read_done(op)
 
     def _search_chunk(
         self, op: ListOp, i: int, chunk: Chunk, target: int, exact: bool, where: str
@@ -150,7 +190,17 @@ class OffsetLookups:
         found: tuple[int, int] | None,
         error: BaseException | None,
     ) -> None:
-        op.reading -= 1
+        self._answer(op, i, where, found, error)
+        self._read_done(op)
+
+    def _answer(
+        self,
+        op: ListOp,
+        i: int,
+        where: str,
+        found: tuple[int, int] | None,
+        error: BaseException | None,
+    ) -> None:
         if isinstance(error, CorruptBatch):
             self.reads.faults.report(where, str(error), api="ListOffsets")
             # The client learns which batch; the object key stays in the log.
@@ -164,6 +214,9 @@ class OffsetLookups:
             )
         else:
             op.answers[i] = messages.OffsetAnswer()
+
+    def _read_done(self, op: ListOp) -> None:
+        op.reading -= 1
         if op.reading == 0:
             self.reads.server.reply(op.incoming, messages.OffsetsListed(results=op.answers))
 

@@ -6,12 +6,17 @@ Where a fetch at offset O is served from:
 - O at or past the visible end (the high watermark; the log end with ``KAFSCALE_FETCH_UNFLUSHED``)
   has nothing yet: the fetch waits (long polling), see below.
 - O in a buffer (only with ``KAFSCALE_FETCH_UNFLUSHED``): a copy of the buffered batches.
-- O in a committed segment (located by binary search in the partition's segment list): the L1
-  cache, which also holds every segment this shard flushed (copied from its buffer when the
-  commit lands, so consumers at the tail never go to S3); on a miss, a ranged GET from the index
-  entry at or before O (the index comes from the L2 cache or one more GET), on a reader thread.
-  Serving a segment also prefetches up to ``KAFSCALE_READAHEAD_SEGMENTS`` following segments
-  whole into L1 (best effort, bounded).
+- O in a committed entry, a spec segment or a chunk of a write-ahead object (located by binary
+  search in the partition's entry list): the L1 cache, which also holds every chunk this shard
+  committed (copied from its buffer when the commit lands, so consumers at the tail never go to
+  S3); on a miss, a ranged GET on a reader thread, from the index entry at or before O (the index
+  comes from the L2 cache or one more GET) or, for a chunk, from its start. Serving an entry also
+  prefetches up to ``KAFSCALE_READAHEAD_SEGMENTS`` following entries whole into L1 (best effort,
+  bounded).
+- A chunk whose object is gone (compacted into a segment and collected after the entry list was
+  loaded) makes the shard reload the partition's entries from the metadata store, on a reader
+  thread, and read again once. When chunks are compacted (``compacted``), their cached batches
+  move to the segment's cache entry.
 
 Bytes leave as the memoryview of whole batches in the cache, handed to ZeroMQ without a copy;
 nothing is decoded or re-encoded.
@@ -21,20 +26,16 @@ The events that move a partition's visible end (a commit; an append when unflush
 served) re-run the fetches parked on it; so does ``ReleaseFetch`` from the frontend (another
 shard already had enough) and the deadline. Nothing polls: an idle consumer costs a dict entry.
 
-S3 health: a failed read refuses every fetch that needs S3 at once (KAFKA_STORAGE_ERROR, which
-every client retries silently) for ``READ_BACKOFF_MS``; then one read goes through as a probe and
-its outcome closes or reopens the gate. Cached and buffered data is served throughout. A fetch
-whose only news is that error is answered at its deadline (``max_wait_ms``), not at once, so
-clients that retry without a backoff do not spin.
+S3 health (``kafscale.shards.gate``): a failed read refuses every fetch that needs S3 at once
+(KAFKA_STORAGE_ERROR, which every client retries silently) for ``READ_BACKOFF_MS``; then one read
+goes through as a probe and its outcome closes or reopens the gate. Cached and buffered data is
+served throughout. A fetch whose only news is that error is answered at its deadline
+(``max_wait_ms``), not at once, so clients that retry without a backoff do not spin.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import logging
-import os
-import queue
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,21 +46,21 @@ from kafscale.config import Config
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Incoming, RpcServer
 from kafscale.metadata.records import SegmentRecord
-from kafscale.protocol import records
+from kafscale.metadata.store import MetadataStore
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards import reads
-from kafscale.shards.cache import ByteLRU, Chunk
+from kafscale.shards.cache import Chunk, EntryCache, SegmentKey, entry_key
+from kafscale.shards.gate import ReadGate
 from kafscale.shards.offsets import OffsetLookups
 from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.reads import SegmentRef
-from kafscale.storage.faults import FaultLog
-from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
-from kafscale.storage.segment import CorruptBatch, CorruptSegment, Index
+from kafscale.shards.threads import ReaderThreads
+from kafscale.storage.objects import ObjectNotFound, ObjectStore
+from kafscale.storage.segment import Index
 
 log = logging.getLogger(__name__)
 
 READ_WORKERS = 8
-READ_BACKOFF_MS = 1000
 MAX_READAHEADS = 4  # whole-segment prefetches in flight per shard
 
 # The retriable error of a read the object store cannot serve now. Every client retries it
@@ -67,7 +68,6 @@ MAX_READAHEADS = 4  # whole-segment prefetches in flight per shard
 # only this to say waits out its max_wait_ms like an empty one instead of answering at once.
 RETRY_LATER = ErrorCode.kafka_storage_error
 
-SegmentKey = tuple[str, int, int]  # topic id, partition, segment base offset
 PartitionKey = tuple[str, int]  # topic id, partition
 # Loads (or returns) the partition a request names: (topic, topic id, partition, created ms);
 # raises StaleTopic when that topic is gone.
@@ -86,6 +86,7 @@ class Part:
     high_watermark: int = -1
     log_start_offset: int = -1
     chunk: Chunk | None = None
+    reloaded: bool = False  # the entry list was reloaded for this part (a chunk was gone)
 
 
 @dataclass(eq=False)
@@ -108,32 +109,33 @@ class ReadPath:
         partition_for: PartitionFor,
         label: str,
         clock: Callable[[], int],
+        metadata: MetadataStore | None = None,
     ) -> None:
+        """``metadata``: where the partitions' entry lists are reloaded from when a chunk's
+        object is found gone (without it, such a read fails like any missing object)."""
         self.namespace = config.s3_namespace
         self.unflushed = config.fetch_unflushed
         self.readahead = config.readahead_segments
         self.decompression_factor = config.max_decompression_factor
-        self.faults = FaultLog(log, "shard", metrics.READ_FAULTS.labels("shard").inc)
         self.objects = objects
+        self.metadata = metadata
         self.server = server
         self.partition_for = partition_for
         self.label = label
         self.now = clock
-        self.segments: ByteLRU[SegmentKey, tuple[Chunk, ...]] = ByteLRU(
-            config.cache_size // config.shards
+        self.cache = EntryCache(
+            config.cache_size // config.shards, config.index_cache_size // config.shards, label
         )
-        self.indexes: ByteLRU[SegmentKey, Index] = ByteLRU(config.index_cache_size // config.shards)
-        self._pool = concurrent.futures.ThreadPoolExecutor(READ_WORKERS, f"read-{label}")
-        self._done: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., None]]]
-        self._done = queue.SimpleQueue()
-        self.wakeup_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.segments = self.cache.segments  # L1, for the shard's "fits in the cache" checks
+        self.gate = ReadGate(label, clock)
+        self.faults = self.gate.faults
+        self.threads = ReaderThreads(READ_WORKERS, label)
+        self.wakeup_fd = self.threads.wakeup_fd
+        self.submit = self.threads.submit
         self._fetches: dict[tuple[bytes, int], FetchOp] = {}
         self._parked: dict[PartitionKey, set[FetchOp]] = defaultdict(set)
         self._prefetching: set[SegmentKey] = set()
-        self._degraded = False
-        self._refuse_until_ms = 0
-        self._probing = False
-        metrics.S3_READ_HEALTHY.labels(label).set(1)
+        self._reloading: dict[PartitionKey, list[Callable[[bool], None]]] = {}
         self.offsets = OffsetLookups(self)
 
     # -- events from the shard -----------------------------------------------------------------
@@ -145,12 +147,18 @@ class ReadPath:
             self._run(op)
 
     def flushed(self, partition: PartitionLog, chunk: Chunk | None, record: SegmentRecord) -> None:
-        """A segment was committed; ``chunk`` is its batches as they were buffered."""
+        """An entry was committed; ``chunk`` is its batches as they were buffered."""
         partition.segments.add(record)
         if chunk is not None:
-            self.store((partition.topic_id, partition.partition, record.base_offset), chunk)
+            self.cache.store(entry_key(partition, record), chunk)
         if not self.unflushed:
             self.advanced(partition)
+
+    def compacted(self, partition: PartitionLog, segment: SegmentRecord) -> None:
+        """Chunks of the partition were compacted into ``segment``: it replaces them in the
+        entry list, and their cached batches (still the same bytes) move to its cache entry."""
+        replaced = partition.segments.compacted(segment)
+        self.cache.move([entry_key(partition, r) for r in replaced], entry_key(partition, segment))
 
     def appended(self, partition: PartitionLog) -> None:
         if self.unflushed:
@@ -164,15 +172,7 @@ class ReadPath:
 
     def on_completions(self) -> None:
         """Finish the object-store reads that completed (the shard polls ``wakeup_fd``)."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.wakeup_fd)
-        while True:
-            try:
-                future, done = self._done.get_nowait()
-            except queue.Empty:
-                return
-            error = future.exception()
-            done(None if error else future.result(), error)
+        self.threads.on_completions()
 
     def close(self) -> None:
         for op in list(self._fetches.values()):
@@ -180,8 +180,7 @@ class ReadPath:
             if op.reading == 0:
                 self._unpark(op)
                 self._settle(op)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        os.close(self.wakeup_fd)
+        self.threads.close()
 
     # -- fetch ---------------------------------------------------------------------------------
 
@@ -234,8 +233,8 @@ class ReadPath:
         segment = self._segment(partition, part.offset, part)
         if segment is None:
             return
-        key = (partition.topic_id, partition.partition, segment.base_offset)
-        chunk = self.cached(key, part.offset)
+        key = entry_key(partition, segment)
+        chunk = self.cache.cached(key, part.offset)
         if chunk is not None:
             part.chunk = chunk
             self._read_ahead(partition, segment)
@@ -243,27 +242,42 @@ class ReadPath:
         if self.refused(part):
             return
         ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, segment)
-        index = self.indexes.get(key)
-        metrics.CACHE_LOOKUPS.labels("index", "miss" if index is None else "hit").inc()
+        index = self.cache.index(key) if ref.index_key is not None else None
 
         def done(result: tuple[Index | None, Chunk] | None, error: BaseException | None) -> None:
+            if self.chunk_gone(segment, error) and not part.reloaded:
+                part.reloaded = True
+                self.gate.answered()
+                self.reload(partition, lambda ok: self._reread(op, partition, part, ok, error))
+                return
             op.reading -= 1
             if result is None:
                 self.read_failed(part, ref.key, error)
             else:
                 fetched_index, chunk = result
                 if index is None and fetched_index is not None:
-                    self.indexes.put(key, fetched_index, max(segment.index_size, 1))
-                    self._gauges()
+                    self.cache.put_index(key, fetched_index, segment.index_size)
                 self.healthy()
-                self.store(key, chunk)
+                self.cache.store(key, chunk)
                 part.chunk = chunk
                 self._read_ahead(partition, segment)
             if op.reading == 0:
                 self._settle(op)
 
         op.reading += 1
-        self.submit(_range_job, (self.objects, ref, index, part.offset, part.max_bytes), done)
+        self.submit(reads.read_at, (self.objects, ref, index, part.offset, part.max_bytes), done)
+
+    def _reread(
+        self, op: FetchOp, partition: PartitionLog, part: Part, ok: bool, gone: BaseException | None
+    ) -> None:
+        """After the entry list was reloaded for a chunk found gone: read once more."""
+        if ok:
+            self._plan_committed(op, partition, part)
+        else:
+            self.read_failed(part, f"{partition.topic}-{partition.partition}", gone)
+        op.reading -= 1
+        if op.reading == 0:
+            self._settle(op)
 
     def _settle(self, op: FetchOp) -> None:
         """Answer now if there is enough (or an error, a release, the deadline); else park."""
@@ -357,32 +371,12 @@ class ReadPath:
             part.message = f"no committed segment holds offset {offset}"
         return segment
 
-    def cached(self, key: SegmentKey, offset: int, whole: bool = False) -> Chunk | None:
-        for chunk in self.segments.get(key) or ():
-            if chunk.holds(offset) and (chunk.complete or not whole):
-                metrics.CACHE_LOOKUPS.labels("segment", "hit").inc()
-                return chunk
-        metrics.CACHE_LOOKUPS.labels("segment", "miss").inc()
-        return None
-
-    def store(self, key: SegmentKey, chunk: Chunk) -> None:
-        held = self.segments.peek(key) or ()
-        if chunk.complete:
-            chunks: tuple[Chunk, ...] = (chunk,)
-        elif any(c.complete for c in held):
-            return
-        else:
-            chunks = (*held, chunk)
-        self.segments.put(key, chunks, sum(len(c) for c in chunks))
-        self._gauges()
-
     def _read_ahead(self, partition: PartitionLog, segment: SegmentRecord) -> None:
-        if not self.readahead or self._degraded:
+        if not self.readahead or self.gate.degraded:
             return
         for following in partition.segments.following(segment, self.readahead):
-            key = (partition.topic_id, partition.partition, following.base_offset)
-            held = self.segments.peek(key) or ()
-            if key in self._prefetching or any(c.complete for c in held):
+            key = entry_key(partition, following)
+            if key in self._prefetching or self.cache.holds_whole(key):
                 continue
             if len(self._prefetching) >= MAX_READAHEADS:
                 return
@@ -390,100 +384,82 @@ class ReadPath:
                 continue  # would push out more than it is worth
             self._prefetching.add(key)
             ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, following)
-            self.submit(reads.read_segment, (self.objects, ref), self._prefetched(key, ref))
+            done = self._prefetched(partition, key, ref)
+            self.submit(reads.read_segment, (self.objects, ref), done)
 
-    def _prefetched(self, key: SegmentKey, ref: SegmentRef) -> Callable[..., None]:
+    def _prefetched(
+        self, partition: PartitionLog, key: SegmentKey, ref: SegmentRef
+    ) -> Callable[..., None]:
         def done(result: Chunk | None, error: BaseException | None) -> None:
             self._prefetching.discard(key)
-            if result is None:
+            if self.chunk_gone(ref.record, error):
+                metrics.READAHEADS.labels("failed").inc()
+                self.reload(partition, lambda ok: None)  # the next fetch finds the segment
+            elif result is None:
                 metrics.READAHEADS.labels("failed").inc()
                 self.read_failed(Part(0, 0), ref.key, error)
             else:
                 metrics.READAHEADS.labels("done").inc()
-                self.store(key, result)
+                self.cache.store(key, result)
                 self.healthy()
 
         return done
 
     def refused(self, part: Part) -> bool:
         """Whether reads from the object store are refused now (and ``part`` says so)."""
-        if self._degraded:
-            if self.now() < self._refuse_until_ms or self._probing:
-                part.error = ErrorCode.kafka_storage_error
-                part.message = "the object store is unavailable; retry later"
-                return True
-            self._probing = True  # this read finds out whether the store is back
-        return False
+        refusal = self.gate.refusal()
+        if refusal is not None:
+            part.error, part.message = refusal
+        return refusal is not None
 
     def refusal(self) -> tuple[ErrorCode, str | None] | None:
         """``refused`` for a request that is not a fetch: the error to answer, if refused."""
-        part = Part(0, 0)
-        return (part.error, part.message) if self.refused(part) else None
+        return self.gate.refusal()
 
     def read_error(self, key: str, error: BaseException | None) -> tuple[ErrorCode, str | None]:
         """``read_failed`` for a request that is not a fetch: the error to answer."""
-        part = Part(0, 0)
-        self.read_failed(part, key, error)
-        return part.error, part.message
+        return self.gate.failure(key, error)
 
     def read_failed(self, part: Part, key: str, error: BaseException | None) -> None:
-        part.error = ErrorCode.kafka_storage_error
-        self._probing = False  # whatever the probe found, the next read may probe again
-        if isinstance(error, ObjectStoreError) and not isinstance(error, ObjectNotFound):
-            # Keys and the backend's text (endpoints, bucket) go to the log, not to clients.
-            part.message = "the object store cannot be read; retry later"
-            if not self._degraded:
-                log.error("object store read failed: refusing reads that need it", exc_info=error)
-            self._degraded, self._probing = True, False
-            self._refuse_until_ms = self.now() + READ_BACKOFF_MS
-            metrics.S3_READ_HEALTHY.labels(self.label).set(0)
-        elif isinstance(error, (CorruptSegment, ObjectNotFound, records.CorruptRecordBatch)):
-            # A batch that does not decode is named by partition and offsets (useful, and no
-            # location); other faults name an object key, which stays in the log.
-            part.message = (
-                f"committed data cannot be read: {error.fault}"
-                if isinstance(error, CorruptBatch)
-                else "committed data cannot be read (corrupt or missing object)"
-            )
-            self.faults.report(key, str(error))
-        else:
-            part.error = ErrorCode.unknown_server_error
-            part.message = f"reading the partition failed ({type(error).__name__})"
-            log.error("read failed", exc_info=error, extra={"key": key})
+        part.error, part.message = self.gate.failure(key, error)
 
     def healthy(self) -> None:
-        if self._degraded:
-            log.info("object store reads succeed again")
-            self._degraded = self._probing = False
-            metrics.S3_READ_HEALTHY.labels(self.label).set(1)
+        self.gate.healthy()
 
-    def submit(
-        self, job: Callable[..., T], args: tuple[Any, ...], done: Callable[..., None]
-    ) -> None:
-        def complete(future: concurrent.futures.Future[T]) -> None:
-            self._done.put((future, done))
-            os.eventfd_write(self.wakeup_fd, 1)
+    @staticmethod
+    def chunk_gone(entry: SegmentRecord, error: BaseException | None) -> bool:
+        """Whether a read failed because a chunk's object is gone: compacted into a segment
+        and collected since the partition's entry list was loaded."""
+        return entry.is_chunk and isinstance(error, ObjectNotFound)
 
-        self._pool.submit(job, *args).add_done_callback(complete)
+    def reload(self, partition: PartitionLog, then: Callable[[bool], None]) -> None:
+        """Reload the partition's entry list from the metadata store on a reader thread, then
+        call ``then(reloaded)`` on the loop. Reloads asked for meanwhile share the one read."""
+        key = (partition.topic_id, partition.partition)
+        waiting = self._reloading.get(key)
+        if waiting is not None:
+            waiting.append(then)
+            return
+        if self.metadata is None:
+            then(False)
+            return
+        self._reloading[key] = [then]
 
-    def _gauges(self) -> None:
-        metrics.CACHE_BYTES.labels("segment", self.label).set(self.segments.used)
-        metrics.CACHE_BYTES.labels("index", self.label).set(self.indexes.used)
+        def done(result: list[SegmentRecord] | None, error: BaseException | None) -> None:
+            if result is None:
+                log.warning(
+                    "cannot reload the partition's entries",
+                    exc_info=error,
+                    extra={"topic": partition.topic, "partition": partition.partition},
+                )
+            else:
+                partition.segments.reloaded(result, partition.high_watermark)
+                partition.segments.drop_before(partition.log_start_offset)
+            for callback in self._reloading.pop(key):
+                callback(result is not None)
 
-
-def _range_job(
-    objects: ObjectStore, ref: SegmentRef, index: Index | None, offset: int, max_bytes: int
-) -> tuple[Index | None, Chunk]:
-    """A ranged read of the batches at ``offset``, fetching the index first if not cached. An
-    index that is missing or corrupt is only an accelerator lost: read from the first batch."""
-    if index is None:
-        try:
-            index = reads.read_index(objects, ref)
-        except (CorruptSegment, ObjectNotFound) as exc:
-            log.warning(
-                "index unusable; reading the segment from its start", extra={"error": str(exc)}
-            )
-    return index, reads.read_range(objects, ref, index, offset, max_bytes)
+        args = (self.metadata, self.namespace, partition.topic, partition.partition)
+        self.submit(reads.read_entries, args, done)
 
 
 def _error(code: ErrorCode, message: str | None) -> messages.OffsetAnswer:

@@ -1,33 +1,49 @@
-"""Reading committed segments from the object store: the blocking half of the read path.
+"""Reading committed log entries from the object store: the blocking half of the read path.
 
-These functions run on the shard's reader threads; they touch nothing but the object store and
-their arguments, and hand back values the shard's loop puts into its caches.
+These functions run on the shard's reader threads; they touch nothing but the object store (and,
+for ``read_entries``, the metadata store) and their arguments, and hand back values the shard's
+loop puts into its caches.
 
-- ``read_index``: the ``.index`` object, parsed.
-- ``read_range``: the batches a fetch at ``offset`` needs, with ranged GETs: from the index entry
-  at or before the offset, a window of about ``max_bytes``; more only when the batch holding the
-  offset is not complete in it (a batch larger than the window, or an index entry far behind).
-- ``read_segment``: a whole segment (read-ahead, timestamp lookups), every CRC verified.
+An entry is a spec segment (its batches at ``[32, size - 16)`` of the ``.kfs``, with an
+``.index``) or a chunk of a write-ahead object (``size`` bytes of batches at ``position`` of the
+object, no index); a ``SegmentRef`` says which bytes of which object, and everything here works
+on either.
+
+- ``read_index``: a segment's ``.index`` object, parsed.
+- ``read_at`` / ``read_range``: the batches a fetch at ``offset`` needs, with ranged GETs: from
+  the index entry at or before the offset (a chunk, or a segment without index: from its first
+  batch), a window of about ``max_bytes``; more only when the batch holding the offset is not
+  complete in it (a batch larger than the window, or an index entry far behind).
+- ``read_segment``: a whole entry (read-ahead, timestamp lookups), every CRC verified; a chunk
+  with one ranged GET.
 - ``find_timestamp`` / ``search_segment``: ListOffsets by timestamp, the first record at or past a
   timestamp in a chunk (decoding records, decompression bounded by ``compression.read_limit``).
+- ``read_entries``: a partition's entries as the metadata store lists them now (after a chunk's
+  object was found gone: compacted and collected since the shard's list was loaded).
 
-Every batch handed out has had its CRC32C checked: a segment corrupted at rest is reported as
-``CorruptSegment`` naming the object, never served. A batch whose records do not decode is
-``CorruptBatch`` naming the batch: that lookup fails, the shard goes on.
+Every batch handed out has had its CRC32C checked: an entry corrupted at rest is reported as
+``CorruptSegment`` naming the object (and, for a chunk, the position), never served. A batch whose
+records do not decode is ``CorruptBatch`` naming the batch: that lookup fails, the shard goes on.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from kafscale.metadata.records import SegmentRecord
+from kafscale.metadata import records as metadata
+from kafscale.metadata.records import Keys, SegmentRecord
+from kafscale.metadata.store import MetadataStore
 from kafscale.protocol import records
 from kafscale.protocol.compression import CorruptCompressedData, read_limit
 from kafscale.protocol.records import CorruptRecordBatch
 from kafscale.shards.cache import Chunk
+from kafscale.storage import chunks
 from kafscale.storage import segment as segments
-from kafscale.storage.objects import ObjectStore
+from kafscale.storage.objects import ObjectNotFound, ObjectStore
 from kafscale.storage.segment import CorruptBatch, CorruptSegment, Index
+
+log = logging.getLogger(__name__)
 
 MIN_WINDOW = 64 * 1024  # a ranged GET smaller than this costs about as much as this
 INDEX_SLACK = 32 * 1024  # index entries are ~100 records apart: the target is a bit further on
@@ -35,27 +51,38 @@ INDEX_SLACK = 32 * 1024  # index entries are ~100 records apart: the target is a
 
 @dataclass(frozen=True, slots=True)
 class SegmentRef:
-    """A committed segment and the keys of its objects."""
+    """A committed entry and where its batches lie: ``[start, end)`` of object ``key``, and
+    the key of its index (a segment's ``.index``; None for a chunk)."""
 
     record: SegmentRecord
     key: str
-    index_key: str
+    index_key: str | None
+    start: int
+    end: int
 
     @classmethod
     def of(cls, namespace: str, topic: str, partition: int, record: SegmentRecord) -> SegmentRef:
+        if record.is_chunk:
+            return cls(record, record.object, None, record.position, record.position + record.size)
         base = record.base_offset
         return cls(
             record,
             segments.segment_key(namespace, topic, partition, base),
             segments.index_key(namespace, topic, partition, base),
+            segments.HEADER_SIZE,
+            record.size - segments.FOOTER_SIZE,
         )
 
     @property
-    def body_end(self) -> int:
-        return self.record.size - segments.FOOTER_SIZE
+    def where(self) -> str:
+        """The entry for messages: a segment's key; a chunk's object and position."""
+        return self.key if self.index_key is not None else f"{self.key} (chunk at {self.start})"
 
 
 def read_index(objects: ObjectStore, ref: SegmentRef) -> Index:
+    """The segment's index (a chunk has none: ValueError)."""
+    if ref.index_key is None:
+        raise ValueError(f"{ref.where} has no index")
     data = objects.get(ref.index_key)
     try:
         return segments.parse_index(data)
@@ -64,7 +91,9 @@ def read_index(objects: ObjectStore, ref: SegmentRef) -> Index:
 
 
 def read_segment(objects: ObjectStore, ref: SegmentRef) -> Chunk:
-    """The whole segment as one chunk; raises CorruptSegment if anything fails to verify."""
+    """The whole entry as one chunk; raises CorruptSegment if anything fails to verify."""
+    if ref.index_key is None:
+        return _read_chunk(objects, ref)
     data = objects.get(ref.key)
     try:
         parsed = segments.parse_segment(data, verify=True)
@@ -85,12 +114,48 @@ def read_segment(objects: ObjectStore, ref: SegmentRef) -> Chunk:
     )
 
 
+def _read_chunk(objects: ObjectStore, ref: SegmentRef) -> Chunk:
+    """A chunk of a write-ahead object: one ranged GET, every batch verified, its offsets
+    exactly those it was committed with."""
+    length = ref.end - ref.start
+    data = objects.get(ref.key, ref.start, length)
+    if len(data) != length:
+        raise CorruptSegment(
+            f"{ref.where}: {len(data)} bytes, committed as {length} (the object is shorter)"
+        )
+    record = ref.record
+    spans = chunks.verify_chunk(data, ref.key, ref.start, record.base_offset, record.last_offset)
+    return Chunk(
+        data=data,
+        first_offset=record.base_offset,
+        starts=tuple(span.position for span in spans),
+        lasts=tuple(span.last_offset for span in spans),
+        complete=True,
+    )
+
+
+def read_at(
+    objects: ObjectStore, ref: SegmentRef, index: Index | None, offset: int, max_bytes: int
+) -> tuple[Index | None, Chunk]:
+    """A fetch's ranged read (``read_range``) of the batches at ``offset``, fetching a
+    segment's index first if not cached. An index that is missing or corrupt is only an
+    accelerator lost: read from the first batch (as for a chunk, which has none)."""
+    if index is None and ref.index_key is not None:
+        try:
+            index = read_index(objects, ref)
+        except (CorruptSegment, ObjectNotFound) as exc:
+            log.warning(
+                "index unusable; reading the segment from its start", extra={"error": str(exc)}
+            )
+    return index, read_range(objects, ref, index, offset, max_bytes)
+
+
 def read_range(
     objects: ObjectStore, ref: SegmentRef, index: Index | None, offset: int, max_bytes: int
 ) -> Chunk:
     """Whole batches from the one holding ``offset``: at least that one, and the ones after it
     that arrived in the same window. Raises CorruptSegment."""
-    position = segments.HEADER_SIZE
+    position = ref.start
     if index is not None and index.entries and index.entries[0].offset <= offset:
         position = index.lookup(offset)
     window = max(max_bytes, MIN_WINDOW) + INDEX_SLACK
@@ -115,14 +180,14 @@ def read_range(
 def _extend(objects: ObjectStore, ref: SegmentRef, start: int, buf: bytes, more: int) -> bytes:
     """``buf`` (the object's bytes from ``start``) and up to ``more`` bytes after it."""
     position = start + len(buf)
-    length = min(more, ref.body_end - position)
+    length = min(more, ref.end - position)
     if length <= 0:
-        raise CorruptSegment(f"{ref.key}: a batch runs past the end of the batches")
+        raise CorruptSegment(f"{ref.where}: a batch runs past the end of the batches")
     got = objects.get(ref.key, position, length)
     if len(got) != length:
         raise CorruptSegment(
             f"{ref.key}: {len(got)} bytes at position {position}, expected {length} "
-            f"(the object is shorter than its committed size {ref.record.size})"
+            f"(the object is shorter than its committed entry, {ref.end} bytes)"
         )
     return buf + got if buf else got
 
@@ -159,9 +224,9 @@ def _chunk(ref: SegmentRef, position: int, data: memoryview) -> Chunk:
 def search_segment(
     objects: ObjectStore, ref: SegmentRef, timestamp: int, exact: bool, factor: int
 ) -> tuple[Chunk, tuple[int, int] | None]:
-    """The whole segment (for the cache) and ``find_timestamp`` in it."""
+    """The whole entry (for the cache) and ``find_timestamp`` in it."""
     chunk = read_segment(objects, ref)
-    return chunk, find_timestamp(chunk, timestamp, exact, factor, ref.key)
+    return chunk, find_timestamp(chunk, timestamp, exact, factor, ref.where)
 
 
 def find_timestamp(
@@ -187,3 +252,11 @@ def find_timestamp(
                 f"does not decode: {exc}",
             ) from None
     return None
+
+
+def read_entries(
+    store: MetadataStore, namespace: str, topic: str, partition: int
+) -> list[SegmentRecord]:
+    """The partition's committed entries as the metadata store lists them now."""
+    prefix = Keys(namespace).segments(topic, partition)
+    return [metadata.decode_segment(kv.value) for kv in store.get_prefix(prefix)]

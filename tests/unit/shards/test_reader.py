@@ -7,7 +7,7 @@ from __future__ import annotations
 import select
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from kafscale.ipc.shm import PartitionBuffer, segment_name
 from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
-from kafscale.shards import reader as reader_module
+from kafscale.shards import gate
 from kafscale.shards.partition import PartitionLog
 from kafscale.shards.producers import ProducerStates
 from kafscale.shards.reader import ReadPath
@@ -82,6 +82,9 @@ class FlakyStore:
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many(keys)
+
     def check(self) -> None:
         pass
 
@@ -113,7 +116,6 @@ class Rig:
             hw,
             ProducerStates(),
             self.config.segment_bytes,
-            self.config.flush_interval_ms,
             self._buffer,
             segments=committed,
         )
@@ -144,8 +146,7 @@ class Rig:
 
     def flush(self) -> SegmentRecord:
         self.partition.seal(self.clock())
-        buffered = self.partition.next_flush()
-        assert buffered is not None
+        buffered = self.partition.sealed[0]
         data = buffered.buffer.read(0, buffered.size)
         assert data is not None
         spans, position = [], 0
@@ -165,7 +166,7 @@ class Rig:
             buffered.max_timestamp, buffered.sealed_ms,
         )  # fmt: skip
         chunk = buffered.whole()
-        self.partition.flushed(buffered.last_offset + 1)
+        self.partition.committed(buffered.last_offset + 1)
         self.reader.flushed(self.partition, chunk, record)
         return record
 
@@ -213,7 +214,8 @@ batches_type = tuple[int, bytes]
 
 
 def values_of(data: bytes) -> list[tuple[int, bytes]]:
-    out, position = [], 0
+    out: list[tuple[int, bytes]] = []
+    position = 0
     while position < len(data):
         size = records.read_header(data, position).size
         out.extend(
@@ -341,7 +343,7 @@ def test_object_store_outage_refuses_reads_fast_then_probes_and_recovers(
     [(result, _)] = rig.answers()
     assert result.error_code == ErrorCode.kafka_storage_error
     rig.store.down = False
-    rig.clock.ms += reader_module.READ_BACKOFF_MS
+    rig.clock.ms += gate.READ_BACKOFF_MS
     rig.fetch(0)  # the probe
     rig.wait_for(lambda: bool(rig.replies.sent))
     [(result, got)] = rig.answers()
