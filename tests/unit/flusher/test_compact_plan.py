@@ -1,0 +1,345 @@
+"""The compaction planner: runs from the oldest chunk, contiguous, one codec, bounded by
+segment.bytes; the age and memory rules; loads oldest first within the accumulator's bound."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kafscale.flusher import compact_plan
+from kafscale.flusher.compact_plan import (
+    Chunk,
+    Limits,
+    Load,
+    PartitionKey,
+    PartitionState,
+    Seal,
+    first_run,
+    plan,
+)
+from kafscale.metadata.records import SegmentRecord
+
+HOUR = 3_600_000
+TOPIC_ID = "6c1a9a8e-3f3e-4a8e-9f43-6d4c8f0a1b2c"
+
+
+def chunks(
+    sizes: Sequence[int],
+    held: int | None = None,
+    codecs: Sequence[int] | None = None,
+    objects: Sequence[str] | None = None,
+    created: Sequence[int] | None = None,
+) -> tuple[Chunk, ...]:
+    """Contiguous chunks of 10 offsets each; the first ``held`` (all by default) are held."""
+    out = []
+    for i, size in enumerate(sizes):
+        record = SegmentRecord(
+            base_offset=10 * i,
+            last_offset=10 * i + 9,
+            size=size,
+            index_size=0,
+            records=10,
+            max_timestamp=1000 + i,
+            created_ms=created[i] if created else 1000 + i,
+            object=objects[i] if objects else f"o{i:04d}",
+            position=32,
+            codec=codecs[i] if codecs else 0,
+        )
+        out.append(Chunk(record, held is None or i < held))
+    return tuple(out)
+
+
+def state(
+    name: str, items: tuple[Chunk, ...], segment_bytes: int = 100, paused: bool = False
+) -> PartitionState:
+    return PartitionState(PartitionKey(name, 0), TOPIC_ID, segment_bytes, items, paused)
+
+
+def limits(buffer_bytes: int = 10_000, max_jobs: int = 8) -> Limits:
+    return Limits(buffer_bytes=buffer_bytes, max_age_ms=HOUR, max_jobs=max_jobs)
+
+
+NOW = 2000  # every chunk is younger than an hour
+
+
+def seals(jobs: Sequence[compact_plan.Job]) -> list[Seal]:
+    return [job for job in jobs if isinstance(job, Seal)]
+
+
+def loads(jobs: Sequence[compact_plan.Job]) -> list[Load]:
+    return [job for job in jobs if isinstance(job, Load)]
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+def test_a_run_stops_before_it_would_pass_segment_bytes() -> None:
+    run, closed = first_run(state("t", chunks([40, 40, 40])))
+    assert [chunk.size for chunk in run] == [40, 40] and closed
+
+
+def test_a_run_that_still_fits_is_open() -> None:
+    run, closed = first_run(state("t", chunks([40, 40])))
+    assert len(run) == 2 and not closed
+
+
+def test_a_run_reaching_segment_bytes_exactly_is_closed() -> None:
+    assert first_run(state("t", chunks([60, 40])))[1]
+
+
+def test_one_chunk_bigger_than_segment_bytes_is_a_run_of_its_own() -> None:
+    run, closed = first_run(state("t", chunks([150, 10])))
+    assert [chunk.size for chunk in run] == [150] and closed
+
+
+def test_a_run_is_cut_before_the_codec_changes() -> None:
+    run, closed = first_run(state("t", chunks([10, 10, 10], codecs=[1, 1, 3])))
+    assert len(run) == 2 and closed
+
+
+def test_a_run_is_cut_where_offsets_do_not_continue() -> None:
+    items = chunks([10, 10, 10])
+    gap = Chunk(SegmentRecord(45, 49, 10, 0, 5, 0, 0, object="x"), True)
+    run, closed = first_run(state("t", (*items[:2], gap)))
+    assert len(run) == 2 and closed
+
+
+# --- seals --------------------------------------------------------------------------------------
+
+
+def test_nothing_to_do_while_runs_are_open_young_and_memory_is_free() -> None:
+    assert plan([state("t", chunks([10, 20]))], limits(), NOW) == []
+
+
+def test_a_closed_run_is_sealed_and_the_rest_waits() -> None:
+    jobs = plan([state("t", chunks([50, 50, 30]))], limits(), NOW)
+    assert jobs == [Seal(PartitionKey("t", 0), tuple(c.record for c in chunks([50, 50])), "full")]
+
+
+def test_a_codec_change_closes_the_run_before_it() -> None:
+    jobs = plan([state("t", chunks([10, 10], codecs=[0, 4]))], limits(), NOW)
+    assert [len(job.chunks) for job in seals(jobs)] == [1]
+
+
+def test_the_oldest_chunk_past_max_age_seals_the_whole_run() -> None:
+    jobs = plan([state("t", chunks([10, 20, 30]))], limits(), 1000 + HOUR)
+    assert [(len(job.chunks), job.reason) for job in seals(jobs)] == [(3, "age")]
+
+
+def test_a_paused_partition_gets_no_job() -> None:
+    assert plan([state("t", chunks([50, 50]), paused=True)], limits(), NOW + HOUR) == []
+
+
+def test_over_the_bound_the_partitions_holding_most_are_sealed_first_until_it_fits() -> None:
+    partitions = [
+        state("a", chunks([10, 10]), segment_bytes=1000),
+        state("b", chunks([30, 30]), segment_bytes=1000),
+        state("c", chunks([20, 20]), segment_bytes=1000),
+    ]
+    jobs = plan(partitions, limits(buffer_bytes=60), NOW)
+    assert [(job.key.topic, job.reason) for job in seals(jobs)] == [("b", "memory")]
+    jobs = plan(partitions, limits(buffer_bytes=30), NOW)
+    assert [job.key.topic for job in seals(jobs)] == ["b", "c"]
+
+
+def test_at_most_max_jobs() -> None:
+    partitions = [state(f"t{i}", chunks([60, 60])) for i in range(5)]
+    assert len(plan(partitions, limits(max_jobs=3), NOW)) == 3
+
+
+# --- loads --------------------------------------------------------------------------------------
+
+
+def test_a_run_lacking_bytes_loads_their_objects_oldest_first_before_it_is_sealed() -> None:
+    partition = state("t", chunks([10, 20, 30], held=1), segment_bytes=1000)
+    jobs = plan([partition], limits(), NOW + HOUR)
+    key = PartitionKey("t", 0)
+    assert jobs == [Load("o0001", ((key, 10),), 20), Load("o0002", ((key, 20),), 30)]
+
+
+def test_one_load_per_object_takes_every_partition_chunk_it_continues() -> None:
+    objects = ["w1", "w2"]
+    a = state("a", chunks([10, 10], held=0, objects=objects), segment_bytes=1000)
+    b = state("b", chunks([5, 5], held=0, objects=objects), segment_bytes=1000)
+    jobs = plan([a, b], limits(), 1000 + HOUR)
+    assert [(job.object, job.size) for job in loads(jobs)] == [("w1", 15), ("w2", 15)]
+    assert loads(jobs)[0].chunks == ((a.key, 0), (b.key, 0))
+
+
+def test_loads_stop_at_the_bound_and_the_held_part_is_not_sealed_while_loads_go_on() -> None:
+    partition = state("t", chunks([10, 10, 10, 10], held=1), segment_bytes=1000)
+    jobs = plan([partition], limits(buffer_bytes=30), 1000 + HOUR)
+    assert [job.object for job in jobs] == ["o0001", "o0002"]
+
+
+def test_without_room_to_load_the_held_part_of_the_run_is_sealed() -> None:
+    partition = state("t", chunks([20, 20, 20], held=1), segment_bytes=1000)
+    jobs = plan([partition], limits(buffer_bytes=30), 1000 + HOUR)
+    assert [(len(job.chunks), job.reason) for job in seals(jobs)] == [(1, "age")]
+
+
+def test_an_empty_accumulator_may_load_one_object_bigger_than_the_bound() -> None:
+    partition = state("t", chunks([50, 50], held=0), segment_bytes=1000)
+    jobs = plan([partition], limits(buffer_bytes=0), 1000 + HOUR)
+    assert jobs == [Load("o0000", ((partition.key, 0),), 50)]
+
+
+def test_a_paused_object_is_not_loaded() -> None:
+    partition = state("t", chunks([10, 10], held=0), segment_bytes=1000)
+    assert plan([partition], limits(), 1000 + HOUR, paused_objects={"o0000"}) == []
+
+
+def test_other_partitions_ride_along_only_while_they_fit() -> None:
+    objects = ["w1", "w2"]
+    waiting = state("a", chunks([10, 10], held=0, objects=objects), segment_bytes=1000)
+    young = state("b", chunks([8, 8], held=0, objects=objects, created=[1000 + HOUR] * 2), 1000)
+    jobs = plan([waiting, young], limits(buffer_bytes=25), 1000 + HOUR)
+    assert [(job.object, job.chunks) for job in loads(jobs)] == [
+        ("w1", ((waiting.key, 0), (young.key, 0))),
+    ]
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+
+@st.composite
+def partitions_and_limits(draw: st.DrawFn) -> tuple[list[PartitionState], Limits, int]:
+    count = draw(st.integers(1, 4))
+    out = []
+    for p in range(count):
+        n = draw(st.integers(0, 7))
+        sizes = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+        codecs = draw(st.lists(st.sampled_from([0, 0, 0, 1]), min_size=n, max_size=n))
+        steps = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+        cycles, cycle = [], 0
+        for step in steps:  # a partition's chunks lie in objects of increasing cycles
+            cycle += step if cycles else step + p
+            cycles.append(cycle)
+        items = chunks(
+            sizes,
+            held=draw(st.integers(0, n)),
+            codecs=codecs,
+            objects=[f"w{c:04d}" for c in cycles],
+            created=[100 * c for c in cycles],
+        )
+        out.append(
+            state(
+                f"t{p}",
+                items,
+                segment_bytes=draw(st.integers(20, 150)),
+                paused=draw(st.booleans()) and draw(st.booleans()),
+            )
+        )
+    bound = draw(st.integers(0, 300))
+    return (
+        out,
+        limits(buffer_bytes=bound, max_jobs=draw(st.integers(1, 6))),
+        draw(st.integers(0, 1500)),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(partitions_and_limits(), st.sets(st.sampled_from([f"w{c:04d}" for c in range(12)])))
+def test_every_plan_keeps_the_invariants(
+    case: tuple[list[PartitionState], Limits, int], paused_objects: set[str]
+) -> None:
+    partitions, lim, now = case
+    lim = Limits(lim.buffer_bytes, 1000, lim.max_jobs)
+    jobs = plan(partitions, lim, now, paused_objects)
+    by_key = {p.key: p for p in partitions}
+    assert len(jobs) <= lim.max_jobs
+    sealed = [job.key for job in seals(jobs)]
+    assert len(sealed) == len(set(sealed))
+    for job in seals(jobs):
+        partition = by_key[job.key]
+        assert not partition.paused and job.chunks
+        # a run from the oldest chunk, offsets never skipped, one codec, all held, bounded
+        assert job.chunks == tuple(c.record for c in partition.chunks[: len(job.chunks)])
+        assert all(c.held for c in partition.chunks[: len(job.chunks)])
+        for before, after in zip(job.chunks, job.chunks[1:], strict=False):
+            assert after.base_offset == before.last_offset + 1
+        assert len({record.codec for record in job.chunks}) == 1
+        total = sum(record.size for record in job.chunks)
+        assert total <= partition.segment_bytes or len(job.chunks) == 1
+    objects = [job.object for job in loads(jobs)]
+    assert len(objects) == len(set(objects)) and not set(objects) & paused_objects
+    held = {(p.key, c.record.base_offset) for p in partitions for c in p.chunks if c.held}
+    before = sum(c.size for p in partitions for c in p.chunks if c.held)
+    added = 0
+    for job in loads(jobs):
+        size = 0
+        for key, base in job.chunks:
+            partition = by_key[key]
+            i = next(i for i, c in enumerate(partition.chunks) if c.record.base_offset == base)
+            chunk = partition.chunks[i]
+            assert not partition.paused and chunk.record.object == job.object
+            assert (key, base) not in held
+            # it continues the partition's held chunks: the accumulator holds runs from the oldest
+            assert all((key, c.record.base_offset) in held for c in partition.chunks[:i])
+            held.add((key, base))
+            size += chunk.size
+        assert size == job.size > 0
+        added += size
+    # (the state given may already hold more than the bound: then nothing is loaded)
+    assert added == 0 or before + added <= lim.buffer_bytes or (before == 0 and len(objects) == 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(partitions_and_limits())
+def test_aged_and_full_runs_that_are_held_are_sealed(
+    case: tuple[list[PartitionState], Limits, int],
+) -> None:
+    partitions, lim, now = case
+    lim = Limits(10**9, 1000, 100)
+    jobs = plan(partitions, lim, now)
+    sealed = {job.key: job for job in seals(jobs)}
+    for partition in partitions:
+        run, closed = first_run(partition)
+        if partition.paused or not run or not all(c.held for c in run):
+            continue
+        due = closed or now - run[0].record.created_ms >= lim.max_age_ms
+        assert (partition.key in sealed) == due
+        if due:
+            assert len(sealed[partition.key].chunks) == len(run)
+
+
+@settings(max_examples=200, deadline=None)
+@given(partitions_and_limits())
+def test_repeated_plans_compact_everything_within_the_bound(
+    case: tuple[list[PartitionState], Limits, int],
+) -> None:
+    """Every chunk aged: plans carried out one after the other seal every chunk, and the
+    accumulator never holds more than the bound (or one load into an empty accumulator)."""
+    partitions, lim, _ = case
+    current = {
+        p.key: PartitionState(p.key, p.topic_id, p.segment_bytes, p.chunks) for p in partitions
+    }
+    for _ in range(500):
+        if not any(p.chunks for p in current.values()):
+            return
+        jobs = plan(list(current.values()), lim, 10**9)
+        assert jobs, "no progress"
+        held = sum(c.size for p in current.values() for c in p.chunks if c.held)
+        loaded = sum(job.size for job in loads(jobs))
+        assert not loaded or held + loaded <= lim.buffer_bytes or held == len(loads(jobs)) - 1 == 0
+        for job in jobs:
+            if isinstance(job, Seal):
+                p = current[job.key]
+                current[job.key] = PartitionState(
+                    p.key, p.topic_id, p.segment_bytes, p.chunks[len(job.chunks) :]
+                )
+            else:
+                for key, base in job.chunks:
+                    p = current[key]
+                    current[key] = PartitionState(
+                        p.key,
+                        p.topic_id,
+                        p.segment_bytes,
+                        tuple(
+                            Chunk(c.record, c.held or c.record.base_offset == base)
+                            for c in p.chunks
+                        ),
+                    )
+    raise AssertionError("did not finish in 500 plans")
