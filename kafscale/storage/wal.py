@@ -24,6 +24,7 @@ the header's ``created_ms`` (informational: each entry carries its own).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import struct
@@ -182,8 +183,8 @@ def object_name(key: str) -> str:
 
 
 def _check_chunk(number: int, chunk: ChunkInput) -> bytes:
-    """The chunk's encoded topic name, after checking its fields fit and agree with its batches;
-    ValueError naming the chunk otherwise."""
+    """The chunk's encoded topic name, after checking its fields fit the format; ValueError
+    naming the chunk otherwise."""
     where = f"chunk {number} ({chunk.topic}-{chunk.partition})"
     name = chunk.topic.encode()
     if not 0 < len(name) <= 0xFFFF:
@@ -199,22 +200,6 @@ def _check_chunk(number: int, chunk: ChunkInput) -> bytes:
             raise ValueError(f"{where}: {name_} {value} does not fit in an int64")
     if not chunk.batches or sum(map(len, chunk.batches)) > _UINT32_MAX:
         raise ValueError(f"{where}: a chunk needs one or more batches, at most 4 GiB")
-    expected, records = chunk.base_offset, 0
-    for batch in chunk.batches:
-        if len(batch) < BATCH_HEADER_SIZE:
-            raise ValueError(f"{where}: a batch of {len(batch)} bytes has no v2 batch header")
-        header = read_batch_header(batch)
-        if header.size != len(batch) or header.base_offset != expected:
-            raise ValueError(
-                f"{where}: batch of {len(batch)} bytes claims {header.size} bytes at offset "
-                f"{header.base_offset}, expected offset {expected}"
-            )
-        expected, records = header.last_offset + 1, records + header.records_count
-    if expected != chunk.last_offset + 1 or records != chunk.records:
-        raise ValueError(
-            f"{where}: batches end at offset {expected - 1} with {records} records, the chunk "
-            f"says {chunk.last_offset} and {chunk.records}"
-        )
     return name
 
 
@@ -223,7 +208,8 @@ def build_object(
 ) -> tuple[bytes, list[DirectoryEntry]]:
     """The object holding ``chunks`` in the order given, and the directory entries saying
     where each landed. Batch bytes are copied once, into the object. ValueError if a chunk's
-    fields do not fit the format or disagree with its batches (offsets, record count)."""
+    fields do not fit the format or disagree with its batches (framing, offsets, record count):
+    what it returns passes ``parse_object(verify=True)``."""
     if not _INT64_MIN <= created_ms <= _INT64_MAX:
         raise ValueError(f"created ms {created_ms} does not fit in an int64")
     names = [_check_chunk(number, chunk) for number, chunk in enumerate(chunks)]
@@ -245,7 +231,7 @@ def build_object(
         )  # fmt: skip
         entries.append(entry)
         rows.append(_ENTRY_HEAD.pack(uuid.UUID(chunk.topic_id).bytes, len(name)) + name)
-        rows.append(_ENTRY_TAIL.pack(*_tail(entry)))
+        rows.append(_ENTRY_TAIL.pack(*dataclasses.astuple(entry)[2:]))
         position += size
     directory = b"".join(rows)
     size = position + FOOTER_SIZE
@@ -255,14 +241,12 @@ def build_object(
     )  # fmt: skip
     footer = FOOTER.pack(total_crc, size, FOOTER_MAGIC)
     batches = [batch for chunk in chunks for batch in chunk.batches]
-    return b"".join([header, directory, *batches, footer]), entries
-
-
-def _tail(entry: DirectoryEntry) -> tuple[int, ...]:
-    return (
-        entry.partition, entry.base_offset, entry.last_offset, entry.position, entry.size,
-        entry.records, entry.max_timestamp, entry.codec, entry.created_ms, entry.crc,
-    )  # fmt: skip
+    data = b"".join([header, directory, *batches, footer])
+    for number, entry in enumerate(entries):
+        chunk_view = memoryview(data)[entry.position : entry.position + entry.size]
+        if problem := _batches_problem(chunk_view, entry):
+            raise ValueError(f"chunk {number} ({entry.topic}-{entry.partition}): {problem}")
+    return data, entries
 
 
 # --- parsing ----------------------------------------------------------------------------------
@@ -397,10 +381,17 @@ def _verify_chunk(number: int, entry: DirectoryEntry, chunk: memoryview) -> None
     computed = crc32c.crc32c(chunk)
     if computed != entry.crc:
         raise CorruptObject(f"{where}: CRC32C stored {entry.crc:#010x}, computed {computed:#010x}")
+    if problem := _batches_problem(chunk, entry):
+        raise CorruptObject(f"{where}: {problem}")
+
+
+def _batches_problem(chunk: memoryview, entry: DirectoryEntry) -> str:
+    """What is wrong with the batches of a chunk ("" if nothing): they must frame it exactly,
+    offsets contiguous from the entry's base to its last offset, with the entry's record count."""
     at, expected, records = 0, entry.base_offset, 0
     while at < len(chunk):
         if len(chunk) - at < BATCH_HEADER_SIZE:
-            raise CorruptObject(f"{where}: {len(chunk) - at} bytes at {at} are no batch header")
+            return f"{len(chunk) - at} bytes at chunk byte {at} are no batch header"
         batch = read_batch_header(chunk, at)
         if (
             batch.magic != 2
@@ -408,14 +399,16 @@ def _verify_chunk(number: int, entry: DirectoryEntry, chunk: memoryview) -> None
             or batch.last_offset_delta < 0
             or not BATCH_HEADER_SIZE <= batch.size <= len(chunk) - at
         ):
-            raise CorruptObject(
-                f"{where}: batch at chunk byte {at} (magic {batch.magic}, offset "
-                f"{batch.base_offset}, {batch.size} bytes) does not continue from {expected}"
+            return (
+                f"batch at chunk byte {at}: magic {batch.magic}, offsets {batch.base_offset}.."
+                f"{batch.last_offset}, {batch.size} bytes of {len(chunk) - at} left; expected "
+                f"magic 2 from offset {expected}"
             )
         at, expected = at + batch.size, batch.last_offset + 1
         records += batch.records_count
     if expected != entry.last_offset + 1 or records != entry.records:
-        raise CorruptObject(
-            f"{where}: batches end at offset {expected - 1} with {records} records, "
+        return (
+            f"batches end at offset {expected - 1} with {records} records, "
             f"the directory says {entry.last_offset} and {entry.records}"
         )
+    return ""

@@ -305,11 +305,11 @@ def test_a_topic_name_that_is_not_utf8() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"last_offset": 6}, "batches end at offset 5 with 1 records, the chunk says 6 and 1"),
-        ({"records": 2}, "the chunk says 5 and 2"),
-        ({"base_offset": 4}, "expected offset 4"),
+        ({"last_offset": 6}, "batches end at offset 5 with 1 records, the directory says 6 and 1"),
+        ({"records": 2}, "the directory says 5 and 2"),
+        ({"base_offset": 4}, "offsets 5..5, 69 bytes of 69 left; expected magic 2 from offset 4"),
         ({"batches": []}, "one or more batches"),
-        ({"batches": [BATCH_5[:-1]]}, "claims 69 bytes"),
+        ({"batches": [BATCH_5[:-1]]}, "69 bytes of 68 left"),
         ({"codec": 5}, "codec 5"),
         ({"topic": ""}, "topic name of 0 bytes"),
         ({"partition": -1}, "invalid partition"),
