@@ -12,6 +12,7 @@ triggers -- is answered with ``ErrorReply`` (``contained``); the coordinator nev
 from __future__ import annotations
 
 import logging
+import time
 
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Handler, Incoming, RpcServer, serve_until
@@ -31,6 +32,7 @@ from .partitions import PartitionCommitter
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistration, ensure_cluster_id
 from .retention import RetentionCleaner
+from .wal_gc import WalReferences
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +55,13 @@ def run(ctx: ChildContext) -> None:
         # Its lease lapses with the store lock's: a restart after a crash waits for neither long.
         registration = BrokerRegistration(store, keys, broker, ttl=config.store_lock_ttl_s)
         registration.register(wait=True)
-        admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
+        refs = WalReferences(store, objects, keys)
+        refs.load()
+        admin = TopicAdmin(
+            store, objects, config.s3_namespace, config.auto_create_partitions, refs=refs
+        )
         admin.resume_deletions()
-        committer = PartitionCommitter(store, config.s3_namespace)
+        committer = PartitionCommitter(store, config.s3_namespace, refs=refs)
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
         groups = GroupService(
@@ -73,12 +79,15 @@ def run(ctx: ChildContext) -> None:
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()
 
-        retention = RetentionCleaner(config, store, objects, ctx.zmq_context, ctx.runtime_dir)
+        retention = RetentionCleaner(
+            config, store, objects, ctx.zmq_context, ctx.runtime_dir, refs=refs
+        )
 
         def on_idle() -> None:
             registration.keep_alive()
             groups.tick()
             retention.maybe_run()
+            refs.sweep(time.monotonic_ns() // 1_000_000)
 
         try:
             serve_until(
