@@ -18,6 +18,15 @@ The report formats are those of Kafka 4.3 (org.apache.kafka.tools):
     percentiles are whole milliseconds, truncated, only the average has sub-millisecond precision:
       Avg latency: 8.4527 ms
       Percentiles: 50th = 5, 99th = 41, 99.9th = 101
+
+ProducerPerformance counts only acknowledged records (its callback records a success, and prints
+a failure's stack trace to stderr), and every 5 s prints a progress line for the window since the
+last one (written on a success, so a window without one is folded into the next):
+      122161 records sent, 24417.5 records/sec (23.85 MB/sec), 576.0 ms avg latency, 912.0 ms max \
+latency.
+A record that expired in the producer's buffer is one such trace on stderr:
+      org.apache.kafka.common.errors.TimeoutException: Expiring 15 record(s) for t-0:120005 ms \
+has passed since batch creation
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import itertools
 import re
 import subprocess
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +110,17 @@ _PRODUCER_SUMMARY = re.compile(
     r"(?P<p999>\d+) ms 99\.9th\.$",
     re.MULTILINE,
 )
+_PRODUCER_PROGRESS = re.compile(
+    r"^(?P<records>\d+) records sent, (?P<rps>\S+) records/sec \((?P<mbps>\S+) MB/sec\), "
+    r"(?P<avg>\S+) ms avg latency, (?P<max>\S+) ms max latency\.$",
+    re.MULTILINE,
+)
+# The first line of a printed stack trace: a qualified exception class, then its message.
+_EXCEPTION = re.compile(
+    r"^(?:[a-zA-Z_$][\w$]*\.)+(?P<cls>[\w$]*(?:Exception|Error))(?::\s?(?P<message>.*))?$",
+    re.MULTILINE,
+)
+_EXPIRED = ("Expiring ", "has passed since batch creation")
 _CONSUMER_HEADER = "start.time, end.time, data.consumed.in.MB"
 _CONSUMER_SHORT = "WARNING: Exiting before consuming the expected number of records"
 _E2E_AVG = re.compile(r"^Avg latency: (?P<avg>\S+) ms$", re.MULTILINE)
@@ -132,6 +153,45 @@ def parse_producer_performance(stdout: str) -> ProducerResult:
     if total is None:
         raise PerfToolError(f"no ProducerPerformance summary in:\n{stdout}")
     return ProducerResult(total=total, steady_state=steady_state)
+
+
+@dataclass(frozen=True)
+class ProducerProgress:
+    """ProducerPerformance's progress windows summed: records acknowledged, the seconds the
+    windows span, their record-weighted average latency and the largest latency."""
+
+    records: int
+    seconds: float
+    avg_latency_ms: float
+    max_latency_ms: float
+
+    @property
+    def records_per_sec(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+
+def parse_producer_progress(stdout: str) -> ProducerProgress:
+    """The progress lines of ProducerPerformance (not its summary), summed; all zero without
+    any (nothing was acknowledged in the first 5 s, or ever)."""
+    records, seconds, weighted, largest = 0, 0.0, 0.0, 0.0
+    for match in _PRODUCER_PROGRESS.finditer(stdout):
+        count, rate = int(match["records"]), float(match["rps"])
+        records += count
+        seconds += count / rate if rate else 0.0
+        weighted += count * float(match["avg"])
+        largest = max(largest, float(match["max"]))
+    return ProducerProgress(records, seconds, weighted / records if records else 0.0, largest)
+
+
+def parse_producer_errors(stderr: str) -> Counter[str]:
+    """Records that failed, one stack trace each on stderr, by kind: "expired" (the batch
+    outlived delivery.timeout.ms in the producer) or the exception's class name. The traces'
+    "Caused by:" lines and log lines are not counted."""
+    kinds: Counter[str] = Counter()
+    for match in _EXCEPTION.finditer(stderr):
+        message = match["message"] or ""
+        kinds["expired" if any(m in message for m in _EXPIRED) else match["cls"]] += 1
+    return kinds
 
 
 def parse_consumer_performance(stdout: str) -> ConsumerResult:
@@ -254,6 +314,37 @@ class KafkaPerfTools:
             "--record-size", str(record_size),
         ]  # fmt: skip
         return self.argv(END_TO_END_LATENCY_MAIN, *args)
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool printed, and whether it ended by itself or was stopped at its time limit."""
+
+    stdout: str
+    stderr: str
+    returncode: int
+    stopped: bool
+
+
+def run_tool_bounded(argv: list[str], limit: float) -> ToolOutput:
+    """Run a tool for at most `limit` seconds, then stop it (SIGTERM, then SIGKILL), and return
+    whatever it printed: for a run whose progress lines are the result when it cannot finish
+    (a producer whose broker falls behind). A failure is returned, not raised."""
+    with subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=limit)
+            stopped = False
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                stdout, stderr = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            stopped = True
+    return ToolOutput(stdout, stderr, proc.returncode, stopped)
 
 
 def run_tool(argv: list[str], timeout: float = 300.0) -> str:

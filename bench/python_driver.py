@@ -120,6 +120,86 @@ def produce(
     return Run(records, records * record_size, seconds, latencies)
 
 
+class PacedProducer:
+    """Sends `rate` records a second of `record_size` bytes for `seconds` on a thread of its
+    own, record i to partition i % partitions (an even load over them), each when its time
+    comes (record i at i / rate seconds: a late start is caught up, not dropped). The caller
+    samples the broker meanwhile: `wait_until(t)` returns `t` seconds after `start()`, and
+    `sent` counts the records handed to the producer so far. Latency is send to ack; failed
+    deliveries are counted (`Run.extra["failed_records"]`), not raised."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        partitions: int,
+        rate: float,
+        seconds: float,
+        record_size: int,
+        config: dict[str, str],
+    ) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.rate = rate
+        self.total = max(1, int(rate * seconds))
+        self.value = payload(record_size)
+        self.producer = Producer({"bootstrap.servers": bootstrap, **config})
+        self.sent = 0
+        self.started = 0.0
+        self._latencies: list[float] = []
+        self._failed: list[str] = []
+        self._unacked = 0
+        self._thread = threading.Thread(target=self._run, name="paced-producer", daemon=True)
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self._thread.start()
+
+    def wait_until(self, elapsed: float) -> None:
+        """Sleep until `elapsed` seconds after the start (or the sending ended)."""
+        self._thread.join(max(0.0, self.started + elapsed - time.perf_counter()))
+
+    def _acked_from(self, sent: int) -> Callable[[KafkaError | None, Message], None]:
+        def acked(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                self._failed.append(str(err))
+            else:
+                self._latencies.append((time.perf_counter_ns() - sent) / 1e6)
+
+        return acked
+
+    def _run(self) -> None:
+        for i in range(self.total):
+            due = self.started + i / self.rate
+            while (now := time.perf_counter()) < due:
+                self.producer.poll(due - now)  # serves delivery callbacks while it waits
+            while True:
+                try:
+                    self.producer.produce(
+                        self.topic,
+                        self.value,
+                        partition=i % self.partitions,
+                        on_delivery=self._acked_from(time.perf_counter_ns()),
+                    )
+                    break
+                except BufferError:
+                    self.producer.poll(0.005)
+            self.sent = i + 1
+        self._unacked = self.producer.flush(120)
+
+    def join(self) -> Run:
+        """Wait for the sending and its acks (120 s at most after the last send)."""
+        self._thread.join()
+        seconds = time.perf_counter() - self.started
+        acked = len(self._latencies)
+        size = len(self.value)
+        run = Run(acked, acked * size, seconds, list(self._latencies))
+        run.extra["failed_records"] = float(len(self._failed))
+        run.extra["unacknowledged_records"] = float(self._unacked)
+        return run
+
+
 def _consumer(bootstrap: str, group: str, extra: dict[str, str] | None = None) -> Consumer:
     return Consumer(
         {
@@ -156,10 +236,19 @@ def consume(bootstrap: str, topic: str, *, records: int, timeout: float = 300.0)
     return Run(seen, size, time.perf_counter() - started)
 
 
-def end_to_end(bootstrap: str, topic: str, *, rate: int, seconds: float, record_size: int) -> Run:
+def end_to_end(
+    bootstrap: str,
+    topic: str,
+    *,
+    rate: float,
+    seconds: float,
+    record_size: int,
+    consumer_config: dict[str, str] | None = None,
+) -> Run:
     """Produce `rate` records a second for `seconds`, each stamped with its send time; a
-    consumer reading from the end measures stamp-to-delivery for each (one clock, one host)."""
-    consumer = _consumer(bootstrap, f"bench-e2e-{random.getrandbits(32):08x}")
+    consumer reading from the end (with `consumer_config` on top of the driver's) measures
+    stamp-to-delivery for each (one clock, one host)."""
+    consumer = _consumer(bootstrap, f"bench-e2e-{random.getrandbits(32):08x}", consumer_config)
     partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
     ends = []
     for p in partitions:

@@ -16,16 +16,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import cost
+from bench.goals import COST_SCENARIOS, cost_tables, write_path_goals
+
 GIB = 1 << 30
 MIB = 1 << 20
-PRICE_PER_1000 = {"put": 0.005, "list": 0.005, "get": 0.0004, "head": 0.0004, "delete": 0.0}
+PRICE_PER_1000 = cost.PRICE_PER_1000
 DAILY_GB = 100  # the cost appendix's ingestion, decimal gigabytes
 DAILY_GIB = DAILY_GB * 1e9 / GIB
 KAFKA = "kafka"
 KAFSCALE_TARGETS = ("kafscale", "kafscale-s3")
 
 # Scenarios that move too few bytes for per-byte figures to mean anything.
-LATENCY_ONLY = {"e2e-latency"}
+LATENCY_ONLY = {"e2e-latency", "e2e-idle-cpu"}
 PER_BYTE = {
     "mb_per_sec",
     "records_per_sec",
@@ -43,6 +46,7 @@ FIGURES: list[tuple[str, str, bool, str]] = [
     ("latency p99 ms", "latency_ms.p99", False, "{:.1f}"),
     ("latency p99.9 ms", "latency_ms.p99.9", False, "{:.1f}"),
     ("broker CPU-s per GiB", "cpu_per_gib", False, "{:.2f}"),
+    ("broker CPU-s", "broker_cpu_seconds", False, "{:.1f}"),
     ("MinIO + etcd (+ latency proxy) CPU-s per GiB", "backend_cpu_per_gib", False, "{:.2f}"),
     ("peak broker memory MiB (PSS)", "peak_memory_mib", False, "{:.0f}"),
     ("S3 requests per GiB", "s3_per_gib", False, "{}"),
@@ -79,7 +83,13 @@ def figure(result: dict[str, Any], key: str) -> Any:
 
 def s3_dollars_per_month(requests: dict[str, int], gib: float) -> float:
     """What the requests per GiB moved cost a month at 100 GB a day (30 days)."""
-    per_gib = sum(n * PRICE_PER_1000.get(op, 0.0004) / 1000 for op, n in requests.items()) / gib
+    per_gib = (
+        sum(
+            n * PRICE_PER_1000.get(op, cost.OTHER_PRICE_PER_1000) / 1000
+            for op, n in requests.items()
+        )
+        / gib
+    )
     return per_gib * DAILY_GIB * 30
 
 
@@ -171,6 +181,7 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         "",
         *goals_summary(run),
         "",
+        *_write_path_section(run),
     ]
     for (scenario, client), by_target in _by(run["results"]).items():
         title = run["scenarios"].get(scenario, scenario)
@@ -181,6 +192,8 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         for label, key, _higher, fmt in FIGURES:
             if scenario in LATENCY_ONLY and key in PER_BYTE:
                 continue
+            if scenario in COST_SCENARIOS and key in ("s3_per_gib", "s3_dollars"):
+                continue  # requests there follow time, not bytes: see the cost tables
             values = {t: figure(by_target[t], key) if t in by_target else None for t in present}
             if all(v is None for v in values.values()):
                 continue
@@ -212,6 +225,30 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _write_path_section(run: dict[str, Any]) -> list[str]:
+    """Issue 15's goals and the cost scenarios' tables, when any of their scenarios ran."""
+    goals = write_path_goals(run)
+    tables = cost_tables(run)
+    if not goals and not tables:
+        return []
+    out = ["## Issue 15's goals (write path v2)", "", *goals, ""]
+    if tables:
+        out += [
+            "## S3 requests and dollars at the cost appendix's workload",
+            "",
+            "Per broker, over the steady part of each cost run (its first quarter left out). "
+            "Requests at $0.005 per 1,000 PUT/LIST and $0.0004 per 1,000 GET/HEAD (DELETE "
+            "free), 30-day months; storage at $0.023 per GB-month for 7 days of 100 GB/day "
+            "times the bytes stored per byte produced. A run of minutes seals few or no "
+            "segments, so compaction's steady-state PUTs are projected (bench/cost.py: the "
+            "smallest of segment.bytes, a partition's bytes in the maximum age and its share of "
+            "the compaction buffer).",
+            "",
+            *tables,
+        ]
+    return out
 
 
 def _target_order(name: str) -> int:

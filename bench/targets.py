@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.kafka_server import KafkaServer, kafka_version
+from kafscale.config import Config
+from kafscale.config import load as load_config
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.etcd import EtcdServer
 from tests.harness.minio import MinioServer
@@ -84,6 +86,19 @@ class Target:
     def s3_requests(self) -> Counter[str]:
         """Object-store requests so far by operation (put, get, head, list, delete)."""
         return Counter()
+
+    def metrics_text(self) -> str:
+        """The broker's Prometheus /metrics page ("" for a broker without one here)."""
+        return ""
+
+    def config(self) -> Config | None:
+        """The broker's KafScale configuration (None for Kafka)."""
+        return None
+
+    def stored_bytes(self) -> int | None:
+        """Bytes in the object store now, everything in it (None: the broker keeps a log on
+        disk instead)."""
+        return None
 
     def settle(self) -> None:
         """Wait until work the clients already saw acknowledged is done (KafScale flushes
@@ -175,6 +190,24 @@ class KafScaleTarget(Target):
         with urllib.request.urlopen(url, timeout=10) as response:
             return bytes(response.read()).decode()
 
+    def metrics_text(self) -> str:
+        return self._metrics()
+
+    def config(self) -> Config:
+        return load_config(self.broker.env)
+
+    def stored_bytes(self) -> int:
+        """The sizes of every object: MinIO's bucket listed directly (not through the latency
+        proxy, and not counted as the broker's requests), or the local store's files."""
+        if self._minio is None:
+            return _dir_bytes(Path(self.broker.env["KAFSCALE_DATA_DIR"]) / "segments")
+        client = self._minio.client()
+        total = 0
+        pages = client.get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.broker.env["KAFSCALE_S3_BUCKET"]):
+            total += sum(item["Size"] for item in page.get("Contents", []))
+        return total
+
     def s3_requests(self) -> Counter[str]:
         """Counts from the broker's /metrics, kept across restarts (a restarted broker's
         counters start again at zero)."""
@@ -248,6 +281,18 @@ def _start_proxy(upstream: str, latency: S3Latency) -> subprocess.Popen[str]:
     )
     assert proc.stdout is not None
     return proc
+
+
+def _dir_bytes(root: Path) -> int:
+    """The sizes of the files under `root`; a file deleted while it is walked counts 0."""
+    total = 0
+    for path in root.rglob("*"):
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def _required(server: T | None) -> T:

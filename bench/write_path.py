@@ -1,0 +1,274 @@
+"""The scenarios issue 15's goals (write path v2) are measured with; bench/run.py lists them
+with the others and bench/goals.py turns their figures into the goals' verdicts.
+
+- `cost-p300`, `cost-p3000`: the spec cost appendix's workload, 100 GB/day of 1 KiB records
+  (~1.16 MB/s) spread evenly over 300 or 3,000 partitions by a steady-rate confluent-kafka
+  producer (acks=1). Over the steady part of the run (after the first quarter) the broker's S3
+  requests per second by operation, the compaction segments it wrote and the bytes it stored per
+  byte produced; with the broker's flush interval and compaction settings, which bench/cost.py
+  turns into the PUT bound and dollars a month.
+- `java-defaults-p1`: ProducerPerformance with every Kafka 4 producer default (acks=all,
+  idempotence, 16 KiB batches, linger.ms 5, 5 requests in flight) offered 5,000 records/s of
+  1 KiB on one partition for 60 s. A broker that falls behind makes the producer's records expire
+  (delivery.timeout.ms, 120 s), so the tool is stopped after the offered time plus 150 s and its
+  progress lines and failures are the result. With the broker's mean Produce request time (from
+  its metrics) the physical bound: 5 requests of one 16 KiB batch per round trip.
+- `produce-acksall-idem-p6`: ProducerPerformance acks=all with idempotence, 256 KiB batches, 6
+  partitions: MB/s against Kafka's.
+- `e2e-idle-cpu`: a consumer polling with fetch.max.wait.ms=0 on an otherwise idle topic, the
+  broker's CPU-seconds against Kafka's: EndToEndLatency (which sets fetch.max.wait.ms=0 itself;
+  one record in flight, so it runs at 1/latency records a second) for 2 x 60 records, and the
+  confluent-kafka end-to-end driver at 2 records/s for 60 s with fetch.wait.max.ms=0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from bench import cost
+from bench import python_driver as py
+from bench.core import Bench
+from bench.kafka_perf import (
+    PerfToolError,
+    ToolOutput,
+    parse_producer_errors,
+    parse_producer_performance,
+    parse_producer_progress,
+    run_tool_bounded,
+)
+from bench.targets import Target
+
+# Kafka 4's producer defaults, spelled out so another client version cannot change them.
+JAVA_DEFAULTS = {
+    "acks": "all",
+    "enable.idempotence": "true",
+    "batch.size": "16384",
+    "linger.ms": "5",
+    "max.in.flight.requests.per.connection": "5",
+}
+PRODUCE_REQUEST_SECONDS = "kafscale_request_duration_seconds"
+# Scenarios that skip the shared warm-up: its 200,000 records would be compacted (PUTs) and
+# garbage-collected (DELETEs) during the window whose requests are counted.
+NO_WARM_UP = {"cost-p300", "cost-p3000"}
+
+
+def _sample(target: Target, producer: py.PacedProducer) -> cost.Sample:
+    stored = target.stored_bytes()
+    return cost.Sample(
+        seconds=time.perf_counter(),
+        records=producer.sent,
+        s3_requests=dict(target.s3_requests()),
+        compaction=cost.compaction_samples(target.metrics_text()),
+        stored_bytes=stored,
+    )
+
+
+def broker_figures(target: Target, figures: dict[str, float], partitions: int) -> dict[str, float]:
+    """The KafScale settings the cost bounds depend on, and compaction's projected PUTs/s at
+    the bytes stored per second this run measured (nothing for Kafka)."""
+    config = target.config()
+    if config is None:
+        return {}
+    stored_rate = figures["steady_mb_per_sec"] * (1 << 20) * figures.get("stored_ratio", 1.0)
+    return {
+        "flush_interval_ms": float(config.flush_interval),
+        "segment_bytes": float(config.segment_bytes),
+        "projected_compaction_puts_per_sec": cost.projected_compaction_puts_per_sec(
+            stored_bytes_per_sec=stored_rate,
+            partitions=partitions,
+            segment_bytes=config.segment_bytes,
+            max_age_ms=config.compaction_max_age_ms,
+            buffer_bytes=config.compaction_buffer_bytes,
+        ),
+    }
+
+
+def cost_summary(extra: dict[str, float]) -> str:
+    """One line of a cost run's figures for the console."""
+    if "s3_put_per_sec" not in extra:
+        return "no object store"
+    rates = cost.request_rates(extra)
+    ops = " ".join(f"{op.upper()} {rate:.2f}/s" for op, rate in sorted(rates.items()))
+    goal = ""
+    if "flush_interval_ms" in extra:
+        bound = cost.put_goal_per_sec(
+            extra["flush_interval_ms"], extra.get("compaction_segments_per_sec", 0.0)
+        )
+        goal = f" (PUT goal <= {bound:.2f}/s)"
+    dollars = cost.request_dollars_per_month(rates)
+    storage = cost.storage_dollars_per_month(extra.get("stored_ratio", 1.0))
+    return f"{ops}{goal}; requests ${dollars:.2f}/month, storage ${storage:.2f}/month"
+
+
+def cost_workload(partitions: int) -> Callable[[Bench], None]:
+    def scenario(bench: Bench) -> None:
+        s = bench.settings
+        topic = bench.topic(partitions)
+
+        def run() -> py.Run:
+            producer = py.PacedProducer(
+                bench.target.bootstrap,
+                topic,
+                partitions=partitions,
+                rate=s.cost_bytes_per_sec / s.record_size,
+                seconds=s.cost_seconds,
+                record_size=s.record_size,
+                config=s.producer_config("1"),
+            )
+            producer.start()
+            producer.wait_until(s.cost_seconds * s.cost_ramp_fraction)
+            first = _sample(bench.target, producer)
+            producer.wait_until(s.cost_seconds)
+            last = _sample(bench.target, producer)
+            result = producer.join()
+            result.extra["partitions"] = float(partitions)
+            if bench.target.config() is not None:
+                result.extra.update(cost.window(first, last, record_size=s.record_size))
+                result.extra.update(broker_figures(bench.target, result.extra, partitions))
+            return result
+
+        bench.measured("confluent-kafka", run, settle=True)
+        print(f"      {cost_summary(bench.results[-1].extra)}", flush=True)
+
+    return scenario
+
+
+def java_defaults_run(output: ToolOutput, *, offered: int, record_size: int, wall: float) -> py.Run:
+    """ProducerPerformance's result when it may have been stopped: its summary when it finished
+    (records acknowledged, its rate and percentiles), else its progress lines (acknowledged
+    records, their rate, average and largest latency); with the records that failed (expired in
+    the producer, or another exception) and those neither acknowledged nor failed."""
+    failures = parse_producer_errors(output.stderr)
+    failed = sum(failures.values())
+    summary = None
+    if not output.stopped:
+        try:
+            summary = parse_producer_performance(output.stdout).total
+        except PerfToolError:
+            summary = None
+    if summary is not None:
+        acked, rate = summary.records, summary.records_per_sec
+        seconds = acked / rate if rate else wall
+        latency = py.latency_summary(
+            summary.avg_latency_ms, summary.p50_ms, summary.p99_ms, summary.p999_ms
+        )
+        latency["max"] = summary.max_latency_ms
+    else:
+        progress = parse_producer_progress(output.stdout)
+        if not progress.records and not failed:
+            raise PerfToolError(
+                f"ProducerPerformance acknowledged and failed nothing (exit {output.returncode})"
+                f"\nstdout: {output.stdout[-2000:]}\nstderr: {output.stderr[-4000:]}"
+            )
+        acked, seconds = progress.records, progress.seconds or wall
+        latency = {"avg": progress.avg_latency_ms, "max": progress.max_latency_ms}
+    run = py.Run(acked, acked * record_size, seconds)
+    run.reported_latency_ms = latency
+    run.extra.update(
+        offered_records=float(offered),
+        expired_records=float(failures.get("expired", 0)),
+        failed_records=float(failed),
+        unresolved_records=float(max(0, offered - acked - failed)),
+        stopped=1.0 if output.stopped else 0.0,
+    )
+    return run
+
+
+def java_defaults(bench: Bench) -> None:
+    s = bench.settings
+    topic = bench.topic(1)
+    offered = max(1, int(s.java_defaults_rate * s.java_defaults_seconds))
+    argv = bench.tools.producer_performance_argv(
+        bench.target.bootstrap,
+        topic,
+        num_records=offered,
+        record_size=s.record_size,
+        throughput=s.java_defaults_rate,
+        producer_props=JAVA_DEFAULTS,
+    )
+
+    def run() -> py.Run:
+        before = bench.target.metrics_text()
+        started = time.perf_counter()
+        output = run_tool_bounded(argv, s.java_defaults_seconds + s.java_defaults_grace_seconds)
+        result = java_defaults_run(
+            output, offered=offered, record_size=s.record_size, wall=time.perf_counter() - started
+        )
+        result.extra["offered_records_per_sec"] = float(s.java_defaults_rate)
+        after = bench.target.metrics_text()
+        request = cost.histogram_mean(before, after, PRODUCE_REQUEST_SECONDS, 'api="Produce"')
+        if request is not None:
+            result.extra["produce_request_ms"] = request * 1000
+            result.extra["bound_records_per_sec"] = cost.producer_bound_records_per_sec(
+                in_flight=int(JAVA_DEFAULTS["max.in.flight.requests.per.connection"]),
+                batch_size=int(JAVA_DEFAULTS["batch.size"]),
+                record_size=s.record_size,
+                request_seconds=request,
+            )
+        return result
+
+    bench.measured("kafka-tools", run, settle=True)
+    extra = bench.results[-1].extra
+    bound = extra.get("bound_records_per_sec")
+    print(
+        f"      expired {extra['expired_records']:.0f}, failed {extra['failed_records']:.0f}, "
+        f"unresolved {extra['unresolved_records']:.0f} of {extra['offered_records']:.0f}"
+        + (f"; bound {bound:.0f}/s" if bound is not None else ""),
+        flush=True,
+    )
+
+
+def produce_idempotent(bench: Bench) -> None:
+    s = bench.settings
+    topic = bench.topic(6)
+    bench.measured(
+        "kafka-tools",
+        lambda: bench.producer_performance(
+            topic, s.acks_all_records, "all", {"enable.idempotence": "true"}
+        ),
+        settle=True,
+    )
+
+
+def e2e_idle(bench: Bench) -> None:
+    s = bench.settings
+    records = max(1, int(s.idle_rate * s.idle_seconds))
+    topic = bench.topic(1)
+    bench.measured("kafka-tools", lambda: bench.end_to_end_latency(topic, records))
+    topic = bench.topic(1)
+    bench.measured(
+        "confluent-kafka",
+        lambda: py.end_to_end(
+            bench.target.bootstrap,
+            topic,
+            rate=s.idle_rate,
+            seconds=s.idle_seconds,
+            record_size=s.record_size,
+            consumer_config={"fetch.wait.max.ms": "0"},
+        ),
+    )
+
+
+SCENARIOS: dict[str, tuple[str, Callable[[Bench], None]]] = {
+    "cost-p300": (
+        "100 GB/day of 1 KiB records over 300 partitions, acks=1: S3 requests and $/month",
+        cost_workload(300),
+    ),
+    "cost-p3000": (
+        "100 GB/day of 1 KiB records over 3,000 partitions, acks=1: S3 requests and $/month",
+        cost_workload(3000),
+    ),
+    "java-defaults-p1": (
+        "the Java producer on every Kafka 4 default offered 5,000 records/s, 1 partition",
+        java_defaults,
+    ),
+    "produce-acksall-idem-p6": (
+        "produce, acks=all, idempotent, 256 KiB batches, 6 partitions",
+        produce_idempotent,
+    ),
+    "e2e-idle-cpu": (
+        "broker CPU under a consumer polling with fetch.max.wait.ms=0 at 2 records/s",
+        e2e_idle,
+    ),
+}
