@@ -99,14 +99,21 @@ S3_HEALTHY = Gauge(
     ["shard"],
     multiprocess_mode="livemin",
 )
-FLUSHES = Counter("kafscale_flushes", "Segments uploaded and committed")
-FLUSH_BYTES = Counter("kafscale_flush_bytes", "Buffer bytes flushed into segments")
+FLUSHES = Counter("kafscale_flushes", "Sealed partition buffers committed (write-ahead chunks)")
+FLUSH_BYTES = Counter("kafscale_flush_bytes", "Bytes of committed write-ahead chunks")
 FLUSH_SECONDS = Histogram(
     "kafscale_flush_duration_seconds",
     "Seal-to-commit time of a flush",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 FLUSH_ERRORS = Counter("kafscale_flush_errors", "Flushes that failed", ["kind"])
+WAL_CUTS = Counter("kafscale_wal_cuts", "Flush cycles cut, by trigger", ["reason"])
+WAL_OBJECTS = Counter("kafscale_wal_objects", "Write-ahead objects uploaded")
+WAL_OBJECT_ENTRIES = Histogram(
+    "kafscale_wal_object_entries",
+    "Partition entries per write-ahead object",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
+)
 S3_PUT_SECONDS = Histogram(
     "kafscale_s3_put_duration_seconds",
     "Object store PUT latency",

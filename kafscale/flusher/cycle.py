@@ -156,6 +156,10 @@ class Cycles:
     def in_flight(self) -> int:
         return len(self._cycles)
 
+    def active(self, cycle: int) -> bool:
+        """Cycle ``cycle`` is between cut and commit (its shards have not all been answered)."""
+        return cycle in self._cycles
+
     def wakeup_ms(self) -> int | None:
         """The earliest time a ``tick`` may have something to do (None: only events can)."""
         times = [c.cut_ms + self.limits.cut_timeout_ms for c in self._cutting()]
