@@ -1,10 +1,16 @@
-"""The read path's pieces without processes: caches, the segment list, ranged segment reads."""
+"""The read path's pieces without processes: caches, the entry list, ranged reads of segments and
+of chunks of write-ahead objects."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
 import pytest
 
-from kafscale.metadata.records import SegmentRecord
+from kafscale.metadata.records import Keys, SegmentRecord, decode_segment, encode
+from kafscale.metadata.sqlite import SqliteMetadataStore
 from kafscale.protocol import records
 from kafscale.shards import reads
 from kafscale.shards.cache import ByteLRU, chunk_of
@@ -12,7 +18,7 @@ from kafscale.shards.reads import SegmentRef
 from kafscale.shards.segments import CommittedSegments
 from kafscale.storage import segment as segments
 from kafscale.storage.local import LocalObjectStore
-from kafscale.storage.objects import ObjectInfo, ObjectStore
+from kafscale.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore
 from kafscale.storage.segment import CorruptSegment
 
 NS, TOPIC, PARTITION = "ns", "t", 0
@@ -48,6 +54,9 @@ class CountingStore:
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many(keys)
+
     def check(self) -> None:
         self.inner.check()
 
@@ -59,7 +68,7 @@ def batches(first_offset: int, count: int, records_per_batch: int, value_size: i
     out = []
     offset = first_offset
     for b in range(count):
-        rows = [
+        rows: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]] = [
             (f"k{offset + i}".encode(), bytes([b % 251]) * value_size, [], 1_000 + offset + i)
             for i in range(records_per_batch)
         ]
@@ -76,6 +85,7 @@ def put_segment(store: ObjectStore, written: list[bytes], index_interval: int = 
     last = records.read_header(written[-1]).last_offset
     record = SegmentRecord(first, last, len(kfs), len(index), last - first + 1, 0, 5)
     ref = SegmentRef.of(NS, TOPIC, PARTITION, record)
+    assert ref.index_key is not None
     store.put_if_absent(ref.key, kfs)
     store.put_if_absent(ref.index_key, index)
     return ref
@@ -160,3 +170,119 @@ def test_whole_segment_read_and_corruption_named(store: CountingStore, tmp_path:
         reads.read_segment(store, ref)
     with pytest.raises(CorruptSegment, match="CRC32C"):
         reads.read_range(store, ref, None, 0, 10**6)
+
+
+WAL = "ns/!wal/0/00000000000000ab/0000000003.wal"
+
+
+def put_chunks(store: ObjectStore, *runs: list[bytes], at: int = 100) -> list[SegmentRef]:
+    """One write-ahead-like object holding ``runs`` back to back from position ``at`` (what
+    precedes and follows them is not read), and a committed chunk record for each."""
+    refs, body, position = [], b"", at
+    for written in runs:
+        first = records.read_header(written[0]).base_offset
+        last = records.read_header(written[-1]).last_offset
+        size = sum(map(len, written))
+        max_ts = max(records.read_header(b).max_timestamp for b in written)
+        record = SegmentRecord(
+            first, last, size, 0, last - first + 1, max_ts, 5, object=WAL, position=position
+        )
+        refs.append(SegmentRef.of(NS, TOPIC, PARTITION, record))
+        body += b"".join(written)
+        position += size
+    store.put_if_absent(WAL, b"H" * at + body + b"F" * 16)
+    return refs
+
+
+def test_a_chunk_ref_is_a_byte_range_of_its_object_without_index() -> None:
+    record = SegmentRecord(7, 9, 300, 0, 3, 0, 5, object=WAL, position=1234)
+    ref = SegmentRef.of(NS, TOPIC, PARTITION, record)
+    assert (ref.key, ref.index_key, ref.start, ref.end) == (WAL, None, 1234, 1534)
+    segment = SegmentRef.of(NS, TOPIC, PARTITION, SegmentRecord(7, 9, 300, 40, 3, 0, 5))
+    assert segment.key == segments.segment_key(NS, TOPIC, PARTITION, 7)
+    assert (segment.start, segment.end) == (segments.HEADER_SIZE, 300 - segments.FOOTER_SIZE)
+    with pytest.raises(ValueError, match="no index"):
+        reads.read_index(LocalObjectStore("/nonexistent"), ref)
+
+
+def test_a_record_written_before_chunks_existed_decodes_as_a_segment() -> None:
+    # A SegmentRecord as the previous version wrote it: no object, position or codec.
+    old = (
+        b'{"base_offset":100,"last_offset":199,"size":4096,"index_size":28,"records":100,'
+        b'"max_timestamp":1700000000123,"created_ms":1700000000000}'
+    )
+    record = decode_segment(old)
+    assert not record.is_chunk and (record.object, record.position, record.codec) == ("", 0, 0)
+    ref = SegmentRef.of(NS, TOPIC, PARTITION, record)
+    assert ref.key == segments.segment_key(NS, TOPIC, PARTITION, 100)
+    assert ref.index_key == segments.index_key(NS, TOPIC, PARTITION, 100)
+
+
+def test_a_whole_chunk_is_one_ranged_get_verified(store: CountingStore) -> None:
+    first, second = batches(0, 4, 2, 50), batches(8, 3, 2, 50)
+    refs = put_chunks(store, first, second)
+    store.gets.clear()
+    chunk = reads.read_segment(store, refs[1])
+    assert store.gets == [(WAL, refs[1].start, refs[1].end - refs[1].start)]
+    assert chunk.complete and bytes(chunk.data) == b"".join(second)
+    assert chunk.first_offset == 8 and chunk.last_offset == 13
+    assert bytes(chunk.batches_from(11, 1)) == second[1]
+
+
+def test_a_ranged_read_of_a_chunk_starts_at_the_chunk(store: CountingStore) -> None:
+    first, second = batches(0, 2, 1, 10), batches(2, 40, 1, 2000)
+    refs = put_chunks(store, first, second)
+    store.gets.clear()
+    chunk = reads.read_range(store, refs[1], None, 30, 1)
+    assert bytes(chunk.batches_from(30, 1)) == second[28]
+    assert store.gets[0][1] == refs[1].start  # no index: from the chunk's first batch
+    index, chunk = reads.read_at(store, refs[1], None, 41, 1)
+    assert index is None and bytes(chunk.batches_from(41, 1)) == second[39]
+    assert all(key == WAL for key, _, _ in store.gets)  # no .index was asked for
+
+
+def test_a_corrupt_chunk_is_named_by_object_and_position(store: CountingStore) -> None:
+    written = batches(0, 3, 2, 50)
+    (ref,) = put_chunks(store, written, at=500)
+    data = bytearray(store.get(WAL))
+    second = 500 + len(written[0])
+    data[second + 70] ^= 0xFF
+    store.delete(WAL)
+    store.put_if_absent(WAL, bytes(data))
+    with pytest.raises(CorruptSegment, match=f"{WAL}: batch at position {second} .*CRC32C"):
+        reads.read_segment(store, ref)
+    # a fetch of the first batch is still served; the bad one is named when it comes first
+    assert bytes(reads.read_range(store, ref, None, 0, 10**6).batches_from(0, 1)) == written[0]
+    with pytest.raises(CorruptSegment, match=f"{WAL}: batch at position {second}"):
+        reads.read_range(store, ref, None, 2, 10**6)
+
+
+def test_a_chunk_that_does_not_hold_its_committed_offsets_is_refused(
+    store: CountingStore,
+) -> None:
+    (ref,) = put_chunks(store, batches(0, 3, 2, 50))
+    wrong = SegmentRef.of(NS, TOPIC, PARTITION, msgspec.structs.replace(ref.record, base_offset=1))
+    with pytest.raises(CorruptSegment, match=rf"{WAL}: the chunk at position 100 holds offsets"):
+        reads.read_segment(store, wrong)
+    beyond = msgspec.structs.replace(ref.record, size=ref.record.size + 100, last_offset=9)
+    with pytest.raises(CorruptSegment, match="the object is shorter"):
+        reads.read_segment(store, SegmentRef.of(NS, TOPIC, PARTITION, beyond))
+
+
+def test_a_missing_chunk_object_is_object_not_found(store: CountingStore) -> None:
+    (ref,) = put_chunks(store, batches(0, 3, 2, 50))
+    store.delete(WAL)
+    with pytest.raises(ObjectNotFound):
+        reads.read_segment(store, ref)
+    with pytest.raises(ObjectNotFound):
+        reads.read_at(store, ref, None, 0, 100)
+
+
+def test_entries_are_reread_from_the_metadata_store(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+    keys = Keys(NS)
+    chunk = SegmentRecord(10, 19, 100, 0, 10, 0, 5, object=WAL, position=32)
+    store.put(keys.segment(TOPIC, PARTITION, 10), encode(chunk))
+    store.put(keys.segment(TOPIC, PARTITION + 1, 0), encode(SegmentRecord(0, 9, 1, 1, 1, 0, 0)))
+    assert reads.read_entries(store, NS, TOPIC, PARTITION) == [chunk]
+    store.close()
