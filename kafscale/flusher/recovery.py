@@ -10,8 +10,9 @@ that has no ``WalRecord``:
 - an entry whose base offset is exactly its partition's committed high watermark (or follows
   the entry adopted just before it, in this or an earlier orphan), in a topic of the same topic
   id, is **adopted**: committed through the coordinator with one ``CommitObject`` per object;
-- an object of which nothing is adopted is deleted: its entries are committed already (the
-  shards re-offered them) or belong to a deleted topic.
+- an object of which nothing was written (no ``WalRecord`` after its adoption, or nothing
+  adoptable) is deleted: its entries are committed already (the shards re-offered them) or
+  belong to a deleted topic, and no record references it.
 
 Orphans are planned oldest first (by the cycle's cut time, then key), so an object's data can
 follow an older orphan's. The plan is pure (``plan_adoption``). Nothing but this broker's flusher
@@ -179,12 +180,12 @@ class _Recovery:
         if not orphans:
             return
         partitions = self._partitions({(e.topic, e.partition) for o in orphans for e in o.entries})
-        unadopted = []
-        for orphan, adopted in plan_adoption(orphans, partitions):
-            if not adopted or not self._commit(orphan, adopted, partitions):
-                unadopted.append(orphan)
-        for orphan in unadopted:
-            self._delete(orphan)
+        plan = plan_adoption(orphans, partitions)
+        for orphan, adopted in plan:
+            if adopted:
+                self._commit(orphan, adopted, partitions)
+        for orphan, _ in plan:
+            self._delete_unless_recorded(orphan)
 
     def _orphan(self, key: str) -> Orphan | None:
         """The object at ``key`` if it has no WalRecord and reads whole and intact."""
@@ -243,30 +244,38 @@ class _Recovery:
         orphan: Orphan,
         adopted: list[DirectoryEntry],
         partitions: Mapping[PartitionId, Committed],
-    ) -> bool:
-        """Commit the adoption; True if any entry was committed. Raises CommitFailed."""
+    ) -> None:
+        """Commit the adoption (the coordinator records the object if any entry was written).
+        Raises CommitFailed."""
         request = commit_request(orphan, adopted, partitions, self.broker_id)
         reply = self.coordinator.call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
         if not isinstance(reply, messages.ObjectCommitResult):
             error = reply.message if isinstance(reply, messages.ErrorReply) else repr(reply)
             raise CommitFailed(f"adopting {orphan.key}: {error}")
-        committed = [r for r in reply.results if r.committed]
-        refused = [r for r in reply.results if not r.committed]
-        log.warning(
-            "adopted an uncommitted WAL object: its data is committed, its producers' "
-            "idempotence state is unknown (the partitions keep their committed one)",
-            extra={
-                "key": orphan.key,
-                "adopted": [f"{r.topic}-{r.partition}@{r.base_offset}" for r in committed],
-                "refused": [f"{r.topic}-{r.partition}@{r.base_offset}: {r.error}" for r in refused],
-                "entries_in_object": len(orphan.entries),
-            },
-        )
-        return bool(committed)
+        committed = [
+            f"{r.topic}-{r.partition}@{r.base_offset}" for r in reply.results if r.committed
+        ]
+        refused = [
+            f"{r.topic}-{r.partition}@{r.base_offset}: {r.error}"
+            for r in reply.results
+            if not r.committed
+        ]
+        fields = {"key": orphan.key, "adopted": committed, "refused": refused}
+        if committed:
+            log.warning(
+                "adopted an uncommitted WAL object: its data is committed, its producers' "
+                "idempotence state is unknown (the partitions keep their committed one)",
+                extra=fields,
+            )
+        else:
+            log.info("the coordinator adopted nothing of an uncommitted WAL object", extra=fields)
 
-    def _delete(self, orphan: Orphan) -> None:
+    def _delete_unless_recorded(self, orphan: Orphan) -> None:
+        """Delete the orphan unless the coordinator recorded it: adopted (or committed by the
+        previous flusher after all), it is the garbage collector's. Unrecorded, no record
+        references it (a commit writes the WalRecord with its first chunk)."""
         if self.store.get(self.keys.wal_object(wal.object_name(orphan.key))) is not None:
-            return  # the coordinator recorded it after all: its garbage collector's
+            return
         self.objects.delete(orphan.key)
         log.info(
             "deleted an uncommitted WAL object: nothing in it was adoptable",

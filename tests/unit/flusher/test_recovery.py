@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -41,14 +41,17 @@ class FakeCoordinator:
         self.keys = Keys(NS)
         self.requests: list[messages.CommitObject] = []
         self.down = False
+        self.before: Callable[[], None] = lambda: None  # what happens just before a commit
 
     def call(self, message: messages.Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply:
         assert isinstance(message, messages.CommitObject)
         self.requests.append(message)
         if self.down:
             return Reply(messages.ErrorReply("etcd is unavailable"))
+        self.before()
+        before = self.store.revision()
         results = [self._commit(chunk) for chunk in message.chunks]
-        if any(r.committed for r in results):
+        if self.store.revision() != before:  # the WalRecord goes with the first chunk written
             record_key = self.keys.wal_object(wal.object_name(message.wal.key))
             self.store.put(record_key, records.encode(message.wal))
         return Reply(messages.ObjectCommitResult(results))
@@ -290,3 +293,18 @@ def test_a_failed_commit_stops_recovery_and_deletes_nothing(broker: Broker) -> N
     broker.recover()
     assert broker.high_watermark("orders", 0) == 10
     assert broker.exists(adoptable) and broker.exists(after_it) and not broker.exists(stale)
+
+
+def test_an_object_whose_entries_were_committed_meanwhile_is_deleted(broker: Broker) -> None:
+    broker.topic("orders", ORDERS, 1, high_watermark=0)
+    key = broker.upload(OLD_TOKEN, 0, 1000, [("orders", 0, 0, 5)])
+
+    def shard_re_offered_it() -> None:  # through another object, before this commit
+        state = PartitionRecord(ORDERS, 5, producers=PRODUCERS, owner=0)
+        broker.store.put(broker.keys.partition("orders", 0), records.encode(state))
+
+    broker.coordinator.before = shard_re_offered_it
+    broker.recover()
+    assert len(broker.coordinator.requests) == 1  # answered committed, nothing written
+    assert broker.wal_record(key) is None
+    assert not broker.exists(key)
