@@ -10,8 +10,8 @@
   successor can adopt them, and numbered after every slot this incarnation has used or found. A
   successor cannot see the slots its predecessor destroyed (flushed), so such a name may come
   back; each buffer therefore starts at a generation no earlier buffer had (the creation time in
-  nanoseconds), and a reader that attaches by name with an old ``FlushSegment`` (a flush of the
-  predecessor still queued at the flusher) is refused the new buffer's bytes, as after a reset.
+  nanoseconds), and a reader that attaches by name with an old ``WalEntry`` (a cycle of the
+  predecessor still in flight at the flusher) is refused the new buffer's bytes, as after a reset.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ class PartitionLoader:
         owner = BufferOwner(topic, topic_id, index, topic_created_ms)
         return self._open(owner, state.log_start_offset, high_watermark, producers)
 
-    def adopt_predecessor(self, now_ms: int) -> list[tuple[PartitionLog, int]]:
-        """The partitions rebuilt from a crashed predecessor's buffers, each with its topic's
-        created time. Raises (changing nothing) if the metadata store cannot be read."""
+    def adopt_predecessor(self, now_ms: int) -> list[PartitionLog]:
+        """The partitions rebuilt from a crashed predecessor's buffers. Raises (changing
+        nothing) if the metadata store cannot be read."""
         read: dict[BufferOwner, PartitionRecord] = {}
 
         def committed_state(owner: BufferOwner) -> Committed:
@@ -90,14 +90,14 @@ class PartitionLoader:
         loaded = []
         for adopted, buffers in takeover.partitions:
             owner, state = adopted.owner, read[adopted.owner]
-            # The high watermark the plan was made against, even if a commit of the
-            # predecessor's last flush landed since: re-flushing a committed segment is
-            # answered "committed", and the log moves on from there.
+            # The high watermark the plan was made against, even if a commit of a cycle of the
+            # predecessor landed since: offering a committed buffer again is answered
+            # "committed", and the log moves on from there.
             partition = self._open(
                 owner, state.log_start_offset, adopted.high_watermark, ProducerStates()
             )
             partition.adopt(adopted, buffers, now_ms)
-            loaded.append((partition, owner.topic_created_ms))
+            loaded.append(partition)
         return loaded
 
     def _record(self, topic: str, topic_id: str, index: int) -> PartitionRecord:
@@ -136,10 +136,10 @@ class PartitionLoader:
             high_watermark,
             producers,
             self.config.segment_bytes,
-            self.config.flush_interval_ms,
             functools.partial(self.new_buffer, owner),
             segments=committed,
             log_start_offset=log_start_offset,
+            topic_created_ms=owner.topic_created_ms,
         )
 
     def new_buffer(

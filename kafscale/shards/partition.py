@@ -1,19 +1,21 @@
-"""One partition's write state inside its owning shard: offsets, producers, buffers, flushes.
+"""One partition's write state inside its owning shard: offsets, producers, buffers, commits.
 
 Appends go to the open buffer (shared memory) after the idempotence check, with the batch's base
 offset patched to the next offset (outside the CRC: no re-encoding). A buffer is sealed when it
-reaches ``segment_bytes``, when ``flush_interval_ms`` has passed since its first byte, or on
-demand; sealed buffers are flushed strictly one at a time and in order, so commits arrive at the
-coordinator contiguous. Only a committed flush moves the high watermark.
+reaches ``segment_bytes`` or when the flusher cuts a cycle (``seal``). Sealed buffers wait for a
+cycle to commit them; several may be in flight at once (in one cycle or several), and they commit
+in offset order because every commit is conditional on the high watermark. Only a commit moves
+the high watermark (``committed``). Which cycle holds which buffer is ``kafscale.shards.flushes``'
+business, not this module's.
 
 Invariants: ``high_watermark <= next_offset``; ``sealed`` holds consecutive offset ranges starting
 at ``high_watermark``; the open buffer starts where the last sealed one ends; an offset is given
 out once (``next_offset`` moves in the same step as the buffer's ``committed``). Clock and buffer
 allocation are passed in, so this is testable without a process.
 
-A buffer records, when sealed, the time (the segment's created time) and the codec the flusher
+A buffer records, when sealed, the time (the chunk's created time) and the codec the flusher
 applies, in shared memory too: a successor shard that adopts the buffers of a crashed one
-(``adopt``, decided by ``kafscale.shards.adoption``) re-flushes them into the same bytes.
+(``adopt``, decided by ``kafscale.shards.adoption``) offers them again as the very same entries.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.ipc.messages import WalEntry
 from kafscale.ipc.shm import PartitionBuffer
 from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
@@ -45,7 +48,7 @@ class StaleTopic(Exception):
 
 @dataclass
 class BufferedSegment:
-    """A buffer's worth of batches: open for appends, then sealed and flushed."""
+    """A buffer's worth of batches: open for appends, then sealed and committed."""
 
     buffer: PartitionBuffer
     base_offset: int
@@ -110,22 +113,21 @@ class PartitionLog:
         high_watermark: int,
         producers: ProducerStates,
         segment_bytes: int,
-        flush_interval_ms: int,
         new_buffer: Callable[[int, int, int], PartitionBuffer],
         segments: CommittedSegments | None = None,
         log_start_offset: int = 0,
+        topic_created_ms: int = 0,
     ) -> None:
         self.topic, self.topic_id, self.partition = topic, topic_id, partition
         self.high_watermark = high_watermark
         self.next_offset = high_watermark
         self.producers = producers
         self.segment_bytes = segment_bytes
-        self.flush_interval_ms = flush_interval_ms
+        self.topic_created_ms = topic_created_ms  # tells a re-created topic's requests apart
         self._new_buffer = new_buffer  # (capacity, base_offset, codec) -> buffer
         self.codec = 0  # the topic's compression codec for the flusher, as of the last append
         self.open: BufferedSegment | None = None
         self.sealed: deque[BufferedSegment] = deque()
-        self.flushing = False
         self.segments = segments if segments is not None else CommittedSegments()
         self.log_start_offset = log_start_offset
 
@@ -202,7 +204,7 @@ class PartitionLog:
         return self.open
 
     def seal(self, now_ms: int) -> None:
-        """Close the open buffer to appends and queue it for flushing."""
+        """Close the open buffer to appends; it waits in ``sealed`` for a cycle to commit it."""
         if self.open is None:
             return
         segment, self.open = self.open, None
@@ -216,7 +218,7 @@ class PartitionLog:
 
     def adopt(self, adopted: AdoptedPartition, buffers: list[PartitionBuffer], now_ms: int) -> None:
         """Take over a crashed predecessor's buffers (verified, contiguous from the high
-        watermark): all are sealed and queued for flushing, offsets continue after them."""
+        watermark): all are sealed and offered at the next cut, offsets continue after them."""
         if self.open is not None or self.sealed or self.next_offset != adopted.high_watermark:
             raise ValueError(f"{self.topic}-{self.partition}: adopt into a fresh log only")
         for info, buffer in zip(adopted.buffers, buffers, strict=True):
@@ -243,25 +245,23 @@ class PartitionLog:
         if adopted.buffers:
             self.codec = adopted.buffers[-1].codec
 
-    def seal_if_due(self, now_ms: int) -> None:
-        if self.open is not None and now_ms - self.open.first_append_ms >= self.flush_interval_ms:
-            self.seal(now_ms)
+    def sealed_at(self, base_offset: int) -> BufferedSegment | None:
+        """The sealed buffer starting at ``base_offset``, if one does."""
+        for segment in self.sealed:
+            if segment.base_offset == base_offset:
+                return segment
+        return None
 
-    def next_flush(self) -> BufferedSegment | None:
-        """The sealed segment to flush now, if none is being flushed."""
-        if self.flushing or not self.sealed:
-            return None
-        self.flushing = True
-        return self.sealed[0]
-
-    def flushed(self, high_watermark: int) -> int:
-        """The segment being flushed is committed: the high watermark moves, its buffer goes.
-        Returns the bytes freed."""
-        segment = self.sealed.popleft()
-        self.flushing = False
+    def committed(self, high_watermark: int) -> list[BufferedSegment]:
+        """A commit moved the high watermark to ``high_watermark``: every sealed buffer below it
+        is committed and goes (destroyed). Returns them (their offsets and sizes), oldest first."""
         self.high_watermark = max(self.high_watermark, high_watermark)
-        segment.buffer.destroy()
-        return segment.size
+        freed = []
+        while self.sealed and self.sealed[0].last_offset < self.high_watermark:
+            segment = self.sealed.popleft()
+            segment.buffer.destroy()
+            freed.append(segment)
+        return freed
 
     def buffered(self, offset: int) -> BufferedSegment | None:
         """The sealed or open buffer holding ``offset``, if one does."""
@@ -270,9 +270,26 @@ class PartitionLog:
                 return segment
         return None
 
-    def flush_failed(self) -> None:
-        """Keep the segment; it is offered again by ``next_flush``."""
-        self.flushing = False
+    def wal_entry(self, segment: BufferedSegment) -> WalEntry:
+        """What the flusher gets for a sealed buffer: everything in it comes from the buffer as
+        sealed, so a successor that adopted the buffer offers the very same entry."""
+        return WalEntry(
+            buffer=segment.buffer.name,
+            generation=segment.buffer.generation,
+            size=segment.size,
+            topic=self.topic,
+            topic_id=self.topic_id,
+            partition=self.partition,
+            base_offset=segment.base_offset,
+            last_offset=segment.last_offset,
+            records=segment.records,
+            max_timestamp=segment.max_timestamp,
+            created_ms=segment.sealed_ms,
+            codec=segment.codec,
+            producers=segment.producers,
+            topic_created_ms=self.topic_created_ms,
+            segment_bytes=self.segment_bytes,
+        )
 
     def close(self) -> int:
         """Drop every buffer (unflushed data is lost); returns the bytes freed."""

@@ -159,7 +159,7 @@ def test_a_read_completion_that_raises_does_not_stop_the_others(rig: Rig) -> Non
 
     for n in (1, 2, 3):
         rig.shard.reads.submit(lambda n=n: n, (), done)  # reads done on the reader threads
-    completed = rig.shard.reads._done
+    completed = rig.shard.reads.threads._done
     wait_until(lambda: True if completed.qsize() == 3 else None, timeout=10, what="the reads")
     rig.shard._complete_reads()
     assert sorted(finished) == [2, 3]
@@ -178,7 +178,7 @@ def test_a_failing_fetch_wake_up_does_not_fail_the_append_it_follows(
     # The batch is in the buffer: its producer is told so (an error would make it resend it),
     # and the shard counts its bytes against the buffer budget.
     assert [(r.error_code, r.base_offset) for r in reply.results] == [(0, 0)]
-    assert rig.shard.unflushed == len(bulk[0])
+    assert rig.shard.admission.unflushed == len(bulk[0])
     assert rig.shard.partitions[(TOPIC, 0)].next_offset == 1
 
 

@@ -135,13 +135,13 @@ def test_the_successor_keeps_acknowledged_data_and_continues_its_offsets(rig: Ri
     die(log)
 
     after = rig.loader()
-    [(adopted, created)] = after.adopt_predecessor(now_ms=T0 + 9_000)
+    [adopted] = after.adopt_predecessor(now_ms=T0 + 9_000)
     rig.logs.append(adopted)
-    assert created == CREATED
+    assert adopted.topic_created_ms == CREATED
     assert (adopted.topic, adopted.topic_id, adopted.partition) == (TOPIC, TOPIC_ID, 0)
     assert (adopted.high_watermark, adopted.next_offset) == (committed.high_watermark, 40)
     assert flushed_name not in on_disk(rig.run_id)  # flushed already: destroyed
-    assert adopted.open is None  # everything is sealed and queued for flushing
+    assert adopted.open is None  # everything is sealed, offered at the first cut
     assert [(s.buffer.name, s.sealed_ms) for s in list(adopted.sealed)[:-1]] == seals
     last = adopted.sealed[-1]
     assert (last.buffer.name, last.sealed_ms) == (open_name, T0 + 9_000)
@@ -170,10 +170,10 @@ def test_a_second_crash_adopts_the_same_buffers_again(rig: Rig) -> None:
     log = rig.loader().load(TOPIC, TOPIC_ID, 1, CREATED)
     produce(log, 5, T0)
     die(log)
-    [(first, _)] = rig.loader().adopt_predecessor(now_ms=T0 + 1)
+    [first] = rig.loader().adopt_predecessor(now_ms=T0 + 1)
     names = [s.buffer.name for s in first.sealed]
-    die(first)  # the successor dies too, before any flush
-    [(second, _)] = rig.loader().adopt_predecessor(now_ms=T0 + 2)
+    die(first)  # the successor dies too, before any commit
+    [second] = rig.loader().adopt_predecessor(now_ms=T0 + 2)
     rig.logs.append(second)
     assert [s.buffer.name for s in second.sealed] == names
     assert [s.sealed_ms for s in second.sealed] == [T0 + 1]  # the first successor's seal
@@ -188,7 +188,7 @@ def test_a_torn_tail_is_truncated_in_shared_memory(rig: Rig) -> None:
     die(log)
     with PartitionBuffer.attach(name, writable=True) as raw:
         raw._data[good + 70] ^= 0xFF  # a flipped byte in the last batch's records
-    [(adopted, _)] = rig.loader().adopt_predecessor(now_ms=T0)
+    [adopted] = rig.loader().adopt_predecessor(now_ms=T0)
     rig.logs.append(adopted)
     assert adopted.next_offset == 2  # offset 2 was never acknowledged intact: given out again
     [segment] = adopted.sealed
@@ -212,7 +212,7 @@ def test_a_failed_metadata_read_leaves_every_buffer_for_the_next_try(rig: Rig) -
         loader.adopt_predecessor(now_ms=T0)
     assert on_disk(rig.run_id) == names
     rig.store.get = real_get  # type: ignore[method-assign]
-    [(adopted, _)] = loader.adopt_predecessor(now_ms=T0)
+    [adopted] = loader.adopt_predecessor(now_ms=T0)
     rig.logs.append(adopted)
     assert adopted.next_offset == 3
 
@@ -246,10 +246,10 @@ def test_a_name_the_predecessor_destroyed_may_return_but_not_its_generation(rig:
     produce(log, 2, T0)
     log.seal(T0)
     [segment] = log.sealed
-    # What the predecessor's flush asked for; its commit was answered, so the buffer went (a
-    # retried copy of that flush may still be queued at the flusher).
+    # What the predecessor handed to a cycle; its commit was answered, so the buffer went (an
+    # older cycle holding the same entry may still be in flight at the flusher).
     name, generation, size = segment.buffer.name, segment.buffer.generation, segment.size
-    log.flushed(high_watermark=2)
+    log.committed(high_watermark=2)
     rig.store.put(
         rig.keys.partition(TOPIC, 0),
         metadata.encode(PartitionRecord(topic_id=TOPIC_ID, high_watermark=2)),
@@ -260,6 +260,6 @@ def test_a_name_the_predecessor_destroyed_may_return_but_not_its_generation(rig:
     rig.logs.append(successor)
     produce(successor, 4, T0 + 2, first_seq=2)
     assert successor.open is not None and successor.open.buffer.name == name  # the name is back
-    with PartitionBuffer.attach(name) as reader:  # as the flusher reads a FlushSegment
+    with PartitionBuffer.attach(name) as reader:  # as the flusher reads a WalEntry
         assert reader.snapshot().committed >= size
         assert reader.read(0, size, generation) is None  # not the old buffer: refused
