@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
 
-from kafscale.ipc.messages import CommitObject, ObjectChunk
+from kafscale.ipc.messages import CommitCompaction, CommitObject, ObjectChunk
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys, PartitionRecord, TopicRecord
+from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord
 from kafscale.metadata.store import Compare, Put
 from kafscale.storage import wal
 
@@ -303,3 +303,26 @@ def _size(op: Compare | Put) -> int:
 
 def _sizes(compares: list[Compare], puts: list[Put]) -> int:
     return sum(map(_size, compares)) + sum(map(_size, puts))
+
+
+def compaction_refusal(request: CommitCompaction, replaced: Sequence[SegmentRecord]) -> str | None:
+    """Why ``request`` cannot replace ``replaced`` (the partition's entries whose base offsets
+    lie in ``first_base..last_offset``, in offset order), or None: they must be chunks covering
+    exactly that range, contiguously, and the segment must be a spec segment of that range."""
+    segment, first, last = request.segment, request.first_base, request.last_offset
+    if segment.is_chunk or (segment.base_offset, segment.last_offset) != (first, last):
+        return (
+            f"the segment holds {segment.base_offset}..{segment.last_offset}, not {first}..{last}"
+        )
+    if not replaced or replaced[0].base_offset != first:
+        return f"no entry starts at {first}"
+    next_offset = first
+    for entry in replaced:
+        if not entry.is_chunk:
+            return f"the entry at {entry.base_offset} is a segment, not a chunk"
+        if entry.base_offset != next_offset:
+            return f"the entries have a gap or an overlap at {entry.base_offset}"
+        next_offset = entry.last_offset + 1
+    if next_offset != last + 1:
+        return f"the entries end at {next_offset - 1}, not {last}"
+    return None

@@ -25,6 +25,8 @@ from kafscale.storage.objects import ObjectStoreUnavailable
 from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
+from .commit_plan import Limits
+from .compactions import CompactionCommitter
 from .configs import ConfigAdmin
 from .group_service import TICK_MS, GroupService
 from .groups import GroupSettings
@@ -61,7 +63,11 @@ def run(ctx: ChildContext) -> None:
             store, objects, config.s3_namespace, config.auto_create_partitions, refs=refs
         )
         admin.resume_deletions()
-        committer = PartitionCommitter(store, config.s3_namespace, refs=refs)
+        limits = Limits(config.metadata_max_txn_ops, config.metadata_max_txn_bytes)
+        committer = PartitionCommitter(store, config.s3_namespace, limits, refs=refs)
+        compactions = CompactionCommitter(
+            store, config.s3_namespace, committer.high_watermark, refs=refs
+        )
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
         groups = GroupService(
@@ -99,6 +105,8 @@ def run(ctx: ChildContext) -> None:
                         messages.CreateTopics: admin.handle_create,
                         messages.DeleteTopics: admin.handle_delete,
                         messages.CommitSegment: committer.handle,
+                        messages.CommitObject: committer.handle_object,
+                        messages.CommitCompaction: compactions.handle,
                         messages.AllocateProducerId: producer_ids.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
