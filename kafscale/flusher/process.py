@@ -1,352 +1,392 @@
-"""The flusher process: turns sealed partition buffers into ``.kfs``/``.index`` objects in S3.
+"""The flusher process: cuts flush cycles, uploads one write-ahead object per cycle, commits.
 
-Shards send ``FlushSegment``; a pool of worker threads each reads the sealed buffer from shared
-memory, compresses the batches that arrived uncompressed with the partition's codec, builds the
-segment and index (``kafscale.storage.segment``), uploads both in parallel with put-if-absent,
-and asks the coordinator to commit. Only then does the shard hear ``committed``. Many partitions
-flush at once. A shard sends one flush per partition at a time, but re-sends one unanswered for
-its flush timeout (10 s), which is shorter than an S3 call may take (twice
-``KAFSCALE_S3_TIMEOUT_MS``): the earlier job may still be here. Both build the same bytes from the
-same buffer; a job whose buffer the shard has freed meanwhile is refused, and any failure of a
-job is answered, never left without a reply.
+The decisions are the pure cycle state machine's (``kafscale.flusher.cycle``); this module does
+its I/O (docs/design/write-path.md, sections 4 and 5):
 
-Uploads are deterministic (the segment's created time comes from the shard's seal), so a retry
-after a lost reply writes the same bytes, and a key that exists with the same bytes (or the same
-records) is our own earlier attempt, or the same buffer flushed again by a restarted shard. A key
-that exists with other bytes is judged by the metadata (``kafscale.flusher.collision``): a
-committed object is never deleted or rewritten; only a deleted topic's leftover that no record
-references is replaced. Anything else is refused loudly and never overwritten.
+- a ROUTER (``ctx.address()``) takes the shards' ``ShardPending`` notices and the supervisor's
+  pings; one DEALER per shard sends it ``Cut`` (answered ``CutEntries``) and the
+  ``ObjectCommitted`` / ``SegmentsCompacted`` notices. A shard that is not connected gets no cut
+  (its successor reports when it is up) and misses the notice (it times the cycle out);
+- a pool of ``max_uploads_in_flight`` threads builds and uploads the objects
+  (``kafscale.flusher.objects``): the next object fills while earlier ones upload;
+- ONE commit thread asks the coordinator to commit (``CommitObject``), so commits reach it in
+  cycle order, then hands each committed chunk to the compactor.
 
-A backend that fails (S3, the metadata store, the coordinator answering ``ErrorReply`` because
-its store is down) is reported as a storage error: the shard refuses produce meanwhile and
-retries the flush.
+Every worker reports back through a queue and wakes the loop over an inproc socket; all sockets
+but the commit thread's coordinator client belong to the loop thread. Object keys are
+``{ns}/!wal/{broker}/{token}/{seq}.wal`` with a token drawn at start, so no key repeats across
+incarnations; cycle numbers start at the start time (ms), so a shard never mistakes a cycle of
+this flusher for one of its predecessor's. On stop, no new cycle is cut; those in flight finish
+and are answered.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import queue
-import threading
 import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 import zmq
 
 from kafscale import metrics
-from kafscale.flusher import collision
-from kafscale.flusher.collision import Verdict
+from kafscale.flusher import commits, cycle, objects, recovery
+from kafscale.flusher.compaction import Compactor
+from kafscale.flusher.cycle import Answer, Build, Commit, Cycles, Instruction, Limits, SendCut
+from kafscale.flusher.objects import BuiltObject, KeyTaken
 from kafscale.ipc import endpoints, messages
-from kafscale.ipc.rpc import Incoming, RpcClient, RpcError, RpcServer
-from kafscale.ipc.shm import PartitionBuffer
+from kafscale.ipc.messages import EntryResult
+from kafscale.ipc.rpc import REQUEST_ID, RpcClient, RpcError, RpcServer
 from kafscale.metadata import open_metadata_store
-from kafscale.metadata import records as metadata_records
-from kafscale.metadata.records import Keys, SegmentRecord
-from kafscale.metadata.store import MetadataStore, MetadataStoreError
-from kafscale.protocol import records
-from kafscale.storage import open_object_store
-from kafscale.storage import segment as segments
+from kafscale.metadata.records import SegmentRecord
+from kafscale.storage import open_object_store, wal
 from kafscale.storage.metered import MeteredObjectStore
-from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.objects import ObjectStore, ObjectStoreError
 from kafscale.supervisor.child import ChildContext
 
 log = logging.getLogger(__name__)
 
-WORKERS = 8
 COMMIT_TIMEOUT_MS = 10_000
+IDLE_POLL_MS = 100
 
 
-class FlushError(Exception):
-    """The flush could not complete; the shard keeps the buffer and retries."""
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000  # the shards' clock (ShardPending.oldest_ms)
 
 
-class Collision(FlushError):
-    """A segment key holds other bytes than ours (and is not a deleted topic's leftover)."""
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    cycle: int
+    built: BuiltObject | None
+    error: str | None = None
+    storage_error: bool = False
 
 
-class TopicGone(FlushError):
-    """The topic was deleted while its segment was being flushed."""
+@dataclass(frozen=True, slots=True)
+class Committed:
+    cycle: int
+    results: list[EntryResult]
 
 
-class CoordinatorFailed(FlushError):
-    """The coordinator could not commit (its metadata store is unreachable): retry later."""
+@dataclass(frozen=True, slots=True)
+class Notify:
+    shard: int
+    message: messages.Message
+
+
+Done = Uploaded | Committed | Notify
+
+
+class ChunkSink(Protocol):
+    """Where committed chunks go (the compactor, ``kafscale.flusher.compaction``)."""
+
+    def committed(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        segment_bytes: int,
+        record: SegmentRecord,
+        data: bytes | memoryview,
+    ) -> None: ...
 
 
 class Flusher:
-    def __init__(self, ctx: ChildContext, objects: ObjectStore, store: MetadataStore) -> None:
+    def __init__(self, ctx: ChildContext, objects_: ObjectStore) -> None:
+        config = ctx.config
         self.ctx = ctx
-        self.objects = objects
-        self.store = store  # read only: the records that decide what a collision is
-        self.namespace = ctx.config.s3_namespace
-        self.keys = Keys(self.namespace)
-        self.coordinator_address = endpoints.address(ctx.runtime_dir, "coordinator")
-        self._local = threading.local()
-        self._uploads = concurrent.futures.ThreadPoolExecutor(WORKERS * 2, "upload")
-
-    def flush(self, job: messages.FlushSegment) -> messages.SegmentFlushed:
-        started = time.monotonic()
-        try:
-            high_watermark, upload_ms, segment = self._flush(job)
-        except (ObjectStoreError, MetadataStoreError, RpcError, CoordinatorFailed) as exc:
-            metrics.FLUSH_ERRORS.labels("storage").inc()
-            return _failed(job, str(exc), storage_error=True)
-        except TopicGone as exc:
-            failed = _failed(job, str(exc), storage_error=False)
-            return msgspec.structs.replace(failed, topic_gone=True)
-        except FlushError as exc:
-            metrics.FLUSH_ERRORS.labels("refused").inc()
-            return _failed(job, str(exc), storage_error=False)
-        except Exception as exc:
-            # A bug, or a buffer gone from shared memory: the shard must still hear of it (it
-            # retries), and the worker must answer, or the flusher's shutdown waits for it.
-            log.exception("flush failed", extra={"topic": job.topic, "partition": job.partition})
-            metrics.FLUSH_ERRORS.labels("internal").inc()
-            return _failed(job, f"{type(exc).__name__}: {exc}", storage_error=False)
-        metrics.FLUSHES.inc()
-        metrics.FLUSH_BYTES.inc(job.size)
-        metrics.FLUSH_SECONDS.observe(time.monotonic() - started)
-        return messages.SegmentFlushed(
-            topic=job.topic,
-            partition=job.partition,
-            base_offset=job.base_offset,
-            committed=True,
-            high_watermark=high_watermark,
-            upload_ms=upload_ms,
-            segment=segment,
+        self.objects = objects_
+        self.cycles = Cycles(
+            Limits(
+                flush_interval_ms=config.flush_interval,
+                object_bytes=config.object_bytes,
+                group_commit_ms=config.group_commit_ms,
+                max_in_flight=config.max_uploads_in_flight,
+            ),
+            first_cycle=now_ms(),
         )
-
-    def _flush(self, job: messages.FlushSegment) -> tuple[int, int, SegmentRecord]:
-        """The committed high watermark, how long the uploads took (ms), the segment's record."""
-        data = self._read_buffer(job)
-        batches = [records.compress_batch(batch, job.codec) for batch in _split(data)]
-        kfs, index = segments.build_segment(batches, flags=job.codec, created_ms=job.created_ms)
-        kfs_key = segments.segment_key(self.namespace, job.topic, job.partition, job.base_offset)
-        index_key = segments.index_key(self.namespace, job.topic, job.partition, job.base_offset)
-        uploaded = time.monotonic()
-        kfs_upload = self._uploads.submit(self._put_segment, job, kfs_key, kfs)
-        index_upload = self._uploads.submit(self._put, index_key, index)
-        created_ms = kfs_upload.result()
-        index_size = len(index)
-        try:
-            index_upload.result()
-        except Collision:
-            index_size = self._settle_index(job, index_key, index)
-        upload_ms = int((time.monotonic() - uploaded) * 1000)
-        segment = SegmentRecord(
-            base_offset=job.base_offset,
-            last_offset=job.last_offset,
-            size=len(kfs),
-            index_size=index_size,
-            records=job.records,
-            max_timestamp=job.max_timestamp,
-            created_ms=created_ms,
+        self.token = wal.new_token()
+        self._seq = itertools.count()
+        self.server = RpcServer(ctx.zmq_context, ctx.address())
+        self.shards = [_shard_socket(ctx, i) for i in range(config.shards)]
+        self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        self._wake_address = f"inproc://flusher-done-{id(self)}"
+        self._wake = ctx.zmq_context.socket(zmq.PULL)
+        self._wake.bind(self._wake_address)
+        self._uploads = concurrent.futures.ThreadPoolExecutor(
+            config.max_uploads_in_flight, "upload"
         )
-        reply = (
-            self._coordinator()
-            .call(
-                messages.CommitSegment(
-                    topic=job.topic,
-                    topic_id=job.topic_id,
-                    partition=job.partition,
-                    segment=segment,
-                    producers=job.producers,
-                ),
-                timeout_ms=COMMIT_TIMEOUT_MS,
-            )
-            .message
-        )
-        if isinstance(reply, messages.ErrorReply):
-            raise CoordinatorFailed(f"the coordinator could not commit: {reply.message}")
-        if not isinstance(reply, messages.SegmentCommitted):
-            raise FlushError(f"unexpected reply from the coordinator: {reply!r}")
-        if not reply.committed and reply.high_watermark == -1:
-            # The topic was deleted (or re-created) meanwhile: take back what we uploaded, so a
-            # new topic of the same name never meets it.
-            for key, data in ((kfs_key, kfs), (index_key, index)):
-                self._delete_if_ours(key, data)
-            raise TopicGone(reply.error or "topic deleted")
-        if reply.committed or reply.high_watermark > job.last_offset:
-            return reply.high_watermark, upload_ms, segment  # committed now or by an earlier try
-        raise FlushError(f"commit refused: {reply.error}")
+        self._committer = concurrent.futures.ThreadPoolExecutor(1, "commit")  # cycle order
+        self._coordinator: RpcClient | None = None  # the commit thread's
+        # Per active cycle: its Build and, once uploaded, the object; when it was cut.
+        self._builds: dict[int, tuple[Build, BuiltObject | None]] = {}
+        self._cut_at: dict[int, float] = {}  # monotonic
+        self.compactor: ChunkSink | None = None  # called from the commit thread
 
-    def _read_buffer(self, job: messages.FlushSegment) -> bytes:
-        buffer = PartitionBuffer.attach(job.buffer)
-        try:
-            data = buffer.read(0, job.size, job.generation)
-        finally:
-            buffer.close()
-        if data is None:
-            raise FlushError(f"buffer {job.buffer} was reused before it was flushed")
-        return data
+    # -- the loop -----------------------------------------------------------------------------
 
-    def _put(self, key: str, data: bytes) -> bool:
-        """Put-if-absent; True if created, False if the key holds these very bytes already.
-        Raises Collision if it holds other bytes."""
-        started = time.monotonic()
-        try:
-            created = self.objects.put_if_absent(key, data)
-        except ObjectStoreError:
-            metrics.S3_ERRORS.labels("put").inc()
-            raise
-        metrics.S3_PUT_SECONDS.observe(time.monotonic() - started)
-        if created:
-            return True
-        if self.objects.get(key) == data:
-            return False
-        raise Collision(f"{key} exists with different bytes")
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        for socket in (self.server.socket, self._wake, *self.shards):
+            poller.register(socket, zmq.POLLIN)
+        while True:
+            if self.ctx.stopping.is_set():
+                self.cycles.stop()
+                if self.cycles.idle:
+                    return
+            events = dict(poller.poll(self._poll_ms()))
+            if self.server.socket in events:
+                self._serve_requests()
+            for shard, socket in enumerate(self.shards):
+                if socket in events:
+                    self._take_cut_answers(shard, socket)
+            if self._wake in events:
+                while self._wake.poll(0):
+                    self._wake.recv()
+            while not self._done.empty():
+                self._finish(self._done.get())
+            self._run(self.cycles.tick(now_ms()))
 
-    def _put_segment(self, job: messages.FlushSegment, key: str, kfs: bytes) -> int:
-        """Upload the segment; the created time of the segment now under ``key`` (ours, or an
-        earlier upload of the same records). Raises Collision if the key holds another one."""
-        for _ in range(2):  # a replaced leftover can be raced by another writer once
+    def _poll_ms(self) -> int:
+        wakeup = self.cycles.wakeup_ms()
+        if wakeup is None:
+            return IDLE_POLL_MS
+        return max(0, min(IDLE_POLL_MS, wakeup - now_ms()))
+
+    def _serve_requests(self) -> None:
+        while (incoming := self.server.recv(0)) is not None:
+            message = incoming.message
+            if isinstance(message, messages.ShardPending):
+                self._run(self.cycles.pending(message, now_ms()))  # a notice: no reply
+            elif isinstance(message, messages.Ping):
+                self.server.reply(incoming, self.ctx.pong())
+            else:
+                name = type(message).__name__
+                self.server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
+
+    def _take_cut_answers(self, shard: int, socket: zmq.Socket[bytes]) -> None:
+        while socket.poll(0, zmq.POLLIN):
+            frames = socket.recv_multipart()
             try:
-                self._put(key, kfs)
-                return job.created_ms
-            except Collision:
-                existing = self.objects.get(key)
-            judgement = collision.judge_segment(
-                existing, kfs, self._committed(job), self._topic_created_ms(job)
-            )
-            if judgement.verdict is Verdict.OURS:
-                log.info("segment already uploaded", extra={"key": key, "reason": judgement.reason})
-                return segments.parse_segment(existing, verify=False).created_ms
-            if judgement.verdict is Verdict.CONFLICT:
-                log.error(
-                    "a different segment already exists under the key; not overwriting",
-                    extra={"key": key, "reason": judgement.reason},
-                )
-                raise Collision(f"{key} holds {judgement.reason}")
-            log.warning(
-                "replacing an object under a segment key",
-                extra={"key": key, "reason": judgement.reason},
-            )
-            self.objects.delete(key)
-        raise Collision(f"{key} was written by another writer while we replaced a leftover")
+                answer = messages.decode(frames[1]) if len(frames) >= 2 else None
+            except msgspec.DecodeError:
+                answer = None
+            if not isinstance(answer, messages.CutEntries):
+                log.warning("unexpected answer from a shard", extra={"shard": shard})
+                continue
+            now = now_ms()
+            self._run(self.cycles.cut_answered(answer.cycle, shard, answer.entries, now))
 
-    def _settle_index(self, job: messages.FlushSegment, key: str, index: bytes) -> int:
-        """Our segment is in place and the index under its key differs: a leftover, replaced
-        unless a committed record references it (then it stays: an index is an accelerator,
-        readers check what it points at). The size of the index now under ``key``."""
-        committed = self._committed(job)
-        if committed is not None and not collision.may_replace_index(committed):
-            log.warning("the committed index differs from ours; keeping it", extra={"key": key})
-            return committed.index_size
-        log.warning("replacing a leftover index", extra={"key": key})
-        self.objects.delete(key)
-        self._put(key, index)
-        return len(index)
+    def _finish(self, done: Done) -> None:
+        if isinstance(done, Notify):
+            self._notify(done.shard, done.message)
+        elif isinstance(done, Uploaded):
+            build, _ = self._builds[done.cycle]
+            self._builds[done.cycle] = (build, done.built)
+            ok = done.built is not None
+            self._run(self.cycles.uploaded(done.cycle, ok, done.error, done.storage_error))
+        else:
+            self._run(self.cycles.committed(done.cycle, done.results))
 
-    def _committed(self, job: messages.FlushSegment) -> SegmentRecord | None:
-        kv = self.store.get(self.keys.segment(job.topic, job.partition, job.base_offset))
-        return metadata_records.decode_segment(kv.value) if kv is not None else None
+    def _run(self, instructions: Iterable[Instruction]) -> None:
+        work: deque[Instruction] = deque(instructions)
+        while work:
+            instruction = work.popleft()
+            if isinstance(instruction, SendCut):
+                work.extend(self._send_cut(instruction))
+            elif isinstance(instruction, Build):
+                self._build(instruction)
+            elif isinstance(instruction, Commit):
+                build, built = self._builds[instruction.cycle]
+                assert built is not None  # Commit follows a successful upload only
+                self._committer.submit(self._commit, build, built)
+            else:
+                self._answer(instruction)
+        for table in (self._builds, self._cut_at):
+            for number in [n for n in table if not self.cycles.active(n)]:
+                del table[number]
 
-    def _topic_created_ms(self, job: messages.FlushSegment) -> int:
-        """The creation time of the job's topic as its metadata record has it (0 if the topic
-        is gone or was re-created: then it is not ours to judge)."""
-        kv = self.store.get(self.keys.topic(job.topic))
-        if kv is None:
-            return 0
-        topic = metadata_records.decode_topic(kv.value)
-        return topic.created_ms if topic.topic_id == job.topic_id else 0
+    # -- instructions -------------------------------------------------------------------------
 
-    def _delete_if_ours(self, key: str, data: bytes) -> None:
+    def _send_cut(self, send: SendCut) -> list[Instruction]:
+        metrics.WAL_CUTS.labels(send.reason).inc()
+        self._cut_at[send.cycle] = time.monotonic()
+        out: list[Instruction] = []
+        request = [REQUEST_ID.pack(send.cycle), messages.encode(messages.Cut(cycle=send.cycle))]
+        for shard in send.shards:
+            try:
+                self.shards[shard].send_multipart(request, zmq.NOBLOCK)
+            except (zmq.Again, IndexError):
+                # Not connected (restarting): it has nothing for this cycle; its successor
+                # reports what it adopts.
+                out += self.cycles.cut_answered(send.cycle, shard, [], now_ms())
+        return out
+
+    def _build(self, build: Build) -> None:
+        key = wal.object_key(
+            self.ctx.config.s3_namespace, self.ctx.config.broker_id, self.token, next(self._seq)
+        )
+        self._builds[build.cycle] = (build, None)
+        self._uploads.submit(self._build_and_upload, build, key)
+
+    def _build_and_upload(self, build: Build, key: str) -> None:
+        """On an upload thread: never raises, always reports."""
         try:
-            if self.objects.get(key) == data:
-                self.objects.delete(key)
-        except ObjectNotFound:
-            pass
+            built = objects.build(key, build.created_ms, build.entries)
+            if built.chunks:
+                objects.upload(self.objects, built)
+                metrics.WAL_OBJECTS.inc()
+                metrics.WAL_OBJECT_ENTRIES.observe(len(built.chunks))
+            done = Uploaded(build.cycle, built)
+        except ObjectStoreError as exc:
+            done = Uploaded(build.cycle, None, f"the upload failed: {exc}", storage_error=True)
+        except KeyTaken as exc:
+            log.error("write-ahead object key taken; not overwriting", extra={"key": key})
+            done = Uploaded(build.cycle, None, str(exc))
+        except Exception as exc:
+            log.exception("building a write-ahead object failed", extra={"key": key})
+            done = Uploaded(build.cycle, None, f"{type(exc).__name__}: {exc}")
+        self._report(done)
 
-    def _coordinator(self) -> RpcClient:
-        """One ZeroMQ socket per worker thread (sockets are not thread-safe)."""
-        client: RpcClient | None = getattr(self._local, "coordinator", None)
-        if client is None:
-            client = RpcClient(self.ctx.zmq_context, self.coordinator_address)
-            self._local.coordinator = client
-        return client
+    def _commit(self, build: Build, built: BuiltObject) -> None:
+        """On the commit thread: never raises, always reports."""
+        try:
+            reply = self._ask_coordinator(built) if built.chunks else None
+            results = commits.entry_results(build.entries, built, reply)
+        except Exception as exc:
+            log.exception("committing a write-ahead object failed", extra={"key": built.key})
+            error = f"{type(exc).__name__}: {exc}"
+            results = [cycle.failed(entry, error, False) for entry in build.entries]
+        self._hand_to_compactor(built, results)
+        self._report(Committed(build.cycle, results))
 
-    def close(self) -> None:
-        self._uploads.shutdown(wait=True)
+    def _ask_coordinator(self, built: BuiltObject) -> messages.Message:
+        if self._coordinator is None:
+            address = endpoints.address(self.ctx.runtime_dir, "coordinator")
+            self._coordinator = RpcClient(self.ctx.zmq_context, address)
+        request = commits.commit_request(built, self.ctx.config.broker_id)
+        try:
+            return self._coordinator.call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
+        except RpcError as exc:
+            return messages.ErrorReply(message=str(exc))
 
+    def _hand_to_compactor(self, built: BuiltObject, results: list[EntryResult]) -> None:
+        if self.compactor is None:
+            return
+        for chunk in built.chunks:
+            if results[chunk.index].committed:
+                entry = chunk.entry
+                self.compactor.committed(
+                    entry.topic,
+                    entry.topic_id,
+                    entry.partition,
+                    entry.segment_bytes or self.ctx.config.segment_bytes,
+                    chunk.record,
+                    chunk.data,
+                )
 
-def _failed(job: messages.FlushSegment, error: str, storage_error: bool) -> messages.SegmentFlushed:
-    return messages.SegmentFlushed(
-        topic=job.topic,
-        partition=job.partition,
-        base_offset=job.base_offset,
-        committed=False,
-        high_watermark=-1,
-        error=error,
-        storage_error=storage_error,
-    )
+    def _answer(self, answer: Answer) -> None:
+        cut_at = self._cut_at.get(answer.cycle)
+        upload_ms = int((time.monotonic() - cut_at) * 1000) if cut_at is not None else 0
+        _count(answer.results, now_ms())
+        notice = messages.ObjectCommitted(
+            cycle=answer.cycle, results=answer.results, upload_ms=upload_ms
+        )
+        self._notify(answer.shard, notice)
 
+    def _notify(self, shard: int, message: messages.Message) -> None:
+        try:
+            self.shards[shard].send_multipart(
+                [REQUEST_ID.pack(0), messages.encode(message)], zmq.NOBLOCK
+            )
+        except (zmq.Again, IndexError):
+            log.warning(
+                "shard not connected; notice dropped",
+                extra={"shard": shard, "notice": type(message).__name__},
+            )
 
-def _split(data: bytes) -> list[memoryview]:
-    """The batches of a sealed buffer. The shard validated each one, so a length that does not
-    frame (shared memory damaged under us) is a failed flush the shard retries, never a loop."""
-    view = memoryview(data)
-    out, pos = [], 0
-    while pos < len(view):
-        if len(view) - pos < records.HEADER.size:
-            raise FlushError(f"the buffer ends inside a batch header at position {pos}")
-        size = records.read_header(view, pos).size
-        if size < records.HEADER.size or pos + size > len(view):
-            raise FlushError(f"the buffer's batch at position {pos} does not frame ({size} bytes)")
-        out.append(view[pos : pos + size])
-        pos += size
-    return out
+    def notify_from_thread(self, shard: int, message: messages.Message) -> None:
+        """``notify`` for other threads (the compactor's): the loop thread sends it."""
+        self._report(Notify(shard, message))
 
-
-def run(ctx: ChildContext) -> None:
-    objects = MeteredObjectStore(open_object_store(ctx.config))
-    objects.check()
-    store = open_metadata_store(ctx.config)
-    flusher = Flusher(ctx, objects, store)
-    server = RpcServer(ctx.zmq_context, ctx.address())
-    done: queue.SimpleQueue[tuple[Incoming, messages.Message]] = queue.SimpleQueue()
-    wake_pull = ctx.zmq_context.socket(zmq.PULL)
-    wake_pull.bind(f"inproc://flusher-done-{id(flusher)}")
-    workers = concurrent.futures.ThreadPoolExecutor(WORKERS, "flush")
-
-    def work(incoming: Incoming, job: messages.FlushSegment) -> None:
-        done.put((incoming, flusher.flush(job)))
-        wake = ctx.zmq_context.socket(zmq.PUSH)
-        wake.connect(f"inproc://flusher-done-{id(flusher)}")
+    def _report(self, done: Done) -> None:
+        self._done.put(done)
+        wake = self.ctx.zmq_context.socket(zmq.PUSH)
+        wake.connect(self._wake_address)
         wake.send(b"")
         wake.close()
 
-    poller = zmq.Poller()
-    poller.register(server.socket, zmq.POLLIN)
-    poller.register(wake_pull, zmq.POLLIN)
-    log.info("flusher up", extra={"objects": objects.description})
-    ctx.ready()
-    in_flight = 0
+    def close(self) -> None:
+        self._uploads.shutdown(wait=True)
+        self._committer.shutdown(wait=True)
+        if self._coordinator is not None:
+            self._coordinator.close()
+        for socket in self.shards:
+            socket.close(linger=0)
+        self._wake.close(linger=0)
+        self.server.close()
+
+
+def _shard_socket(ctx: ChildContext, index: int) -> zmq.Socket[bytes]:
+    socket: zmq.Socket[bytes] = ctx.zmq_context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues for a shard that is not there
+    socket.setsockopt(zmq.RECONNECT_IVL, 50)
+    socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    socket.connect(endpoints.address(ctx.runtime_dir, "shard", index))
+    return socket
+
+
+def _count(results: list[EntryResult], now: int) -> None:
+    for result in results:
+        if result.committed:
+            metrics.FLUSHES.inc()
+            if result.segment is not None:
+                metrics.FLUSH_BYTES.inc(result.segment.size)
+                metrics.FLUSH_SECONDS.observe(max(0, now - result.segment.created_ms) / 1000)
+        elif result.storage_error:
+            metrics.FLUSH_ERRORS.labels("storage").inc()
+        elif result.topic_gone:
+            metrics.FLUSH_ERRORS.labels("topic_gone").inc()
+        else:
+            metrics.FLUSH_ERRORS.labels("refused").inc()
+
+
+def run(ctx: ChildContext) -> None:
+    config = ctx.config
+    objects_ = MeteredObjectStore(open_object_store(config))
+    objects_.check()
+    store = open_metadata_store(config)
+    coordinator_address = endpoints.address(ctx.runtime_dir, "coordinator")
+    coordinator = RpcClient(ctx.zmq_context, coordinator_address)
+    flusher: Flusher | None = None
+    compactor: Compactor | None = None
     try:
-        while not ctx.stopping.is_set() or in_flight:
-            events = dict(poller.poll(100))
-            if wake_pull in events:
-                while wake_pull.poll(0):
-                    wake_pull.recv()
-            while not done.empty():
-                finished, reply = done.get()
-                server.reply(finished, reply)
-                in_flight -= 1
-            if server.socket in events:
-                while (incoming := server.recv(0)) is not None:
-                    message = incoming.message
-                    if isinstance(message, messages.FlushSegment):
-                        in_flight += 1
-                        workers.submit(work, incoming, message)
-                    elif isinstance(message, messages.Ping):
-                        server.reply(incoming, ctx.pong())
-                    else:
-                        server.reply(
-                            incoming,
-                            messages.ErrorReply(message=f"unexpected {type(message).__name__}"),
-                        )
+        recovery.adopt_orphans(config, objects_, store, coordinator)
+        flusher = Flusher(ctx, objects_)
+
+        def coordinators() -> RpcClient:
+            return RpcClient(ctx.zmq_context, coordinator_address)
+
+        compactor = Compactor(
+            config, objects_, store, coordinators, flusher.notify_from_thread, config.shards
+        )
+        compactor.start()
+        flusher.compactor = compactor
+        log.info("flusher up", extra={"objects": objects_.description, "token": flusher.token})
+        ctx.ready()
+        flusher.serve()
     finally:
-        workers.shutdown(wait=True)
-        flusher.close()
-        server.close()
-        wake_pull.close(linger=0)
+        if compactor is not None:
+            compactor.close()  # first: its notices go through the flusher's loop
+        if flusher is not None:
+            flusher.close()
+        coordinator.close()
         store.close()
-        objects.close()
+        objects_.close()

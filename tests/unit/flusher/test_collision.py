@@ -3,25 +3,13 @@ alone. A committed object is never deleted or rewritten."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import msgspec
 import pytest
-import zmq
 
-from kafscale import config as configuration
 from kafscale.flusher import collision
 from kafscale.flusher.collision import Verdict
-from kafscale.flusher.process import Collision, Flusher
-from kafscale.ipc import messages
-from kafscale.metadata import records
-from kafscale.metadata.records import Keys, SegmentRecord, TopicRecord
-from kafscale.metadata.sqlite import SqliteMetadataStore
+from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol.records import build_batch
 from kafscale.storage import segment as segments
-from kafscale.storage.local import LocalObjectStore
-from kafscale.supervisor.child import ChildContext
 
 TOPIC_CREATED_MS = 1_700_000_000_000
 TOPIC_ID = "6c1a9a8e-3f3e-4a8e-9f43-6d4c8f0a1b2c"
@@ -109,119 +97,3 @@ def test_an_object_that_does_not_parse_is_never_replaced(committed: bool) -> Non
 def test_a_committed_index_is_never_replaced() -> None:
     assert collision.may_replace_index(None)
     assert not collision.may_replace_index(record_of(OURS, OURS_INDEX))
-
-
-# --- the flusher's uploads, on the embedded backends ---------------------------------------------
-
-
-class Setup:
-    def __init__(self, tmp_path: Path) -> None:
-        config = configuration.load({"KAFSCALE_DATA_DIR": str(tmp_path)})
-        self.ctx = ChildContext(
-            config=config,
-            role="flusher",
-            index=0,
-            runtime_dir=str(tmp_path),
-            run_id="test",
-            zmq_context=zmq.Context(),
-        )
-        self.objects = LocalObjectStore(str(tmp_path / "segments"))
-        self.store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
-        self.keys = Keys(config.s3_namespace)
-        self.flusher = Flusher(self.ctx, self.objects, self.store)
-        self.store.put(
-            self.keys.topic("t"),
-            records.encode(
-                TopicRecord(name="t", topic_id=TOPIC_ID, partitions=1, created_ms=TOPIC_CREATED_MS)
-            ),
-        )
-        self.kfs_key = segments.segment_key(config.s3_namespace, "t", 0, 0)
-        self.index_key = segments.index_key(config.s3_namespace, "t", 0, 0)
-
-    def job(self, sealed_ms: int) -> messages.FlushSegment:
-        return messages.FlushSegment(
-            buffer="unused",
-            generation=0,
-            size=0,
-            topic="t",
-            topic_id=TOPIC_ID,
-            partition=0,
-            base_offset=0,
-            last_offset=1,
-            records=2,
-            max_timestamp=0,
-            created_ms=sealed_ms,
-            codec=0,
-            producers={},
-            topic_created_ms=TOPIC_CREATED_MS,
-        )
-
-    def commit(self, kfs: bytes, index: bytes) -> None:
-        self.store.put(self.keys.segment("t", 0, 0), records.encode(record_of(kfs, index)))
-
-    def close(self) -> None:
-        self.flusher.close()
-        self.store.close()
-        self.ctx.zmq_context.term()
-
-
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
-    made = Setup(tmp_path)
-    yield made
-    made.close()
-
-
-def test_a_committed_segment_sealed_earlier_is_never_rewritten(setup: Setup) -> None:
-    theirs, their_index = segment([b"x", b"y"], sealed_ms=TOPIC_CREATED_MS + 1000)
-    assert setup.objects.put_if_absent(setup.kfs_key, theirs)
-    assert setup.objects.put_if_absent(setup.index_key, their_index)
-    setup.commit(theirs, their_index)
-    with pytest.raises(Collision, match="committed segment with other records"):
-        setup.flusher._put_segment(setup.job(TOPIC_CREATED_MS + 5000), setup.kfs_key, OURS)
-    job = setup.job(TOPIC_CREATED_MS + 5000)
-    assert setup.flusher._settle_index(job, setup.index_key, OURS_INDEX) == len(their_index)
-    assert setup.objects.get(setup.kfs_key) == theirs
-    assert setup.objects.get(setup.index_key) == their_index
-
-
-def test_a_committed_segment_of_the_same_records_is_success_as_it_is(setup: Setup) -> None:
-    earlier, earlier_index = segment([b"a", b"b"], sealed_ms=TOPIC_CREATED_MS + 4000)
-    assert setup.objects.put_if_absent(setup.kfs_key, earlier)
-    setup.commit(earlier, earlier_index)
-    created = setup.flusher._put_segment(setup.job(TOPIC_CREATED_MS + 5000), setup.kfs_key, OURS)
-    assert created == TOPIC_CREATED_MS + 4000  # the record we commit describes what is stored
-    assert setup.objects.get(setup.kfs_key) == earlier
-
-
-def test_a_deleted_topics_leftover_is_replaced(setup: Setup) -> None:
-    leftover, leftover_index = segment([b"old"], sealed_ms=TOPIC_CREATED_MS - 60_000)
-    assert setup.objects.put_if_absent(setup.kfs_key, leftover)
-    assert setup.objects.put_if_absent(setup.index_key, leftover_index)
-    job = setup.job(TOPIC_CREATED_MS + 5000)
-    assert setup.flusher._put_segment(job, setup.kfs_key, OURS) == TOPIC_CREATED_MS + 5000
-    assert setup.flusher._settle_index(job, setup.index_key, OURS_INDEX) == len(OURS_INDEX)
-    assert setup.objects.get(setup.kfs_key) == OURS
-    assert setup.objects.get(setup.index_key) == OURS_INDEX
-
-
-def test_a_leftover_of_a_topic_that_was_re_created_is_not_ours_to_judge(setup: Setup) -> None:
-    leftover, _ = segment([b"old"], sealed_ms=TOPIC_CREATED_MS - 60_000)
-    assert setup.objects.put_if_absent(setup.kfs_key, leftover)
-    job = msgspec.structs.replace(setup.job(TOPIC_CREATED_MS + 5000), topic_id="another-id")
-    with pytest.raises(Collision):
-        setup.flusher._put_segment(job, setup.kfs_key, OURS)
-    assert setup.objects.get(setup.kfs_key) == leftover
-
-
-def test_a_flush_that_fails_unexpectedly_is_still_answered(
-    setup: Setup, caplog: pytest.LogCaptureFixture
-) -> None:
-    # The job's buffer is not in shared memory (FileNotFoundError from shm_open): the worker must
-    # still answer, or the shard waits out its flush timeout and the flusher's shutdown hangs.
-    job = msgspec.structs.replace(setup.job(TOPIC_CREATED_MS + 5000), buffer="kafscale-test-gone")
-    reply = setup.flusher.flush(job)
-    assert not reply.committed and not reply.storage_error
-    assert reply.error.startswith("FileNotFoundError")
-    assert any(r.getMessage() == "flush failed" and r.exc_info for r in caplog.records)
-    assert not setup.objects.list("")  # nothing uploaded
