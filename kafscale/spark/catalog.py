@@ -1,20 +1,29 @@
-"""What a read can see: topics, their partitions, and each partition's committed segments.
+"""What a read can see: topics, their partitions, and each partition's committed log entries.
 
-Two sources, chosen by the options (never one falling back to the other):
+An entry is a spec segment (a ``.kfs`` with its ``.index``) or a chunk of a write-ahead object
+(``size`` bytes of record batches at ``position`` of an object under ``{ns}/!wal/``, no index:
+docs/design/write-path.md); ``SegmentInfo`` gives either as an object key and the byte range of
+its batches. Two sources, chosen by the options (never one falling back to the other):
 
 - ``MetadataCatalog``: the broker's metadata store (etcd, or the embedded ``metadata.sqlite``).
-  Exact: the high watermark, the log start and one ``SegmentRecord`` per committed segment, with
-  its last offset, size and max timestamp, so bounds prune without touching the bucket.
+  Exact: the high watermark, the log start and one ``SegmentRecord`` per committed entry of
+  either kind, with its last offset, size and max timestamp, so bounds prune without touching
+  the bucket.
 - ``ListingCatalog``: the bucket alone (no metadata store configured). Every ``.kfs`` object is a
   complete segment (objects are written whole, never overwritten); a segment's last offset is the
   next one's base offset minus one, and the newest segment's comes from its 16-byte footer. It
   cannot tell an uploaded-but-never-committed segment (a broker crash between the upload and
   the commit, before any producer was acknowledged) from a committed one, and it knows no max
-  timestamps, so timestamp bounds read segments in order until they find the answer.
+  timestamps, so timestamp bounds read segments in order until they find the answer. It sees
+  spec segments only: records still in write-ahead objects (not yet compacted, which the
+  broker does within ``KAFSCALE_COMPACTION_MAX_AGE_MS``) need the metadata store to be read.
+  Write-ahead objects (``{ns}/!wal/...``; ``!`` is never in a topic name) are not segments and
+  never taken for a topic.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -22,12 +31,22 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kafscale.metadata import MetadataStore
-from kafscale.metadata.records import Keys, decode_partition, decode_segment, decode_topic
+from kafscale.metadata.records import (
+    Keys,
+    SegmentRecord,
+    decode_partition,
+    decode_segment,
+    decode_topic,
+)
 from kafscale.spark.options import Selection, Storage
 from kafscale.storage import ObjectStore
 from kafscale.storage import segment as segments
 from kafscale.storage.local import LocalObjectStore
 from kafscale.storage.s3 import S3ObjectStore
+
+log = logging.getLogger(__name__)
+
+WAL_DIRECTORY = "!wal/"  # under the namespace: write-ahead objects (kafscale.storage.wal)
 
 
 class CatalogError(Exception):
@@ -36,12 +55,57 @@ class CatalogError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SegmentInfo:
+    """A committed entry: a spec segment (``key`` its ``.kfs``, ``index_key`` its ``.index``)
+    or a chunk (``key`` its write-ahead object, no index). Its batches lie at ``[start, end)``
+    of the object."""
+
     base_offset: int
     last_offset: int
-    size: int  # bytes of the .kfs object
+    size: int  # bytes of the .kfs object; of the batches for a chunk
     key: str
-    index_key: str
+    index_key: str | None  # None for a chunk
     max_timestamp: int | None  # None: unknown without reading the segment
+    start: int
+    end: int
+
+    @classmethod
+    def segment(
+        cls,
+        namespace: str,
+        topic: str,
+        partition: int,
+        base: int,
+        last: int,
+        size: int,
+        max_timestamp: int | None,
+    ) -> SegmentInfo:
+        return cls(
+            base,
+            last,
+            size,
+            segments.segment_key(namespace, topic, partition, base),
+            segments.index_key(namespace, topic, partition, base),
+            max_timestamp,
+            segments.HEADER_SIZE,
+            size - segments.FOOTER_SIZE,
+        )
+
+    @classmethod
+    def of(cls, namespace: str, topic: str, partition: int, record: SegmentRecord) -> SegmentInfo:
+        """The entry a committed ``SegmentRecord`` names."""
+        base, last = record.base_offset, record.last_offset
+        if not record.is_chunk:
+            return cls.segment(
+                namespace, topic, partition, base, last, record.size, record.max_timestamp
+            )
+        end = record.position + record.size
+        return cls(
+            base, last, record.size, record.object, None, record.max_timestamp, record.position, end
+        )
+
+    @property
+    def is_chunk(self) -> bool:
+        return self.index_key is None
 
     @property
     def end_offset(self) -> int:
@@ -148,18 +212,7 @@ class MetadataCatalog:
                 continue  # retired by retention; its objects may be gone already
             if record.base_offset >= state.high_watermark:
                 continue  # committed after the partition record was read
-            found.append(
-                SegmentInfo(
-                    base_offset=record.base_offset,
-                    last_offset=record.last_offset,
-                    size=record.size,
-                    key=segments.segment_key(self.namespace, topic, partition, record.base_offset),
-                    index_key=segments.index_key(
-                        self.namespace, topic, partition, record.base_offset
-                    ),
-                    max_timestamp=record.max_timestamp,
-                )
-            )
+            found.append(SegmentInfo.of(self.namespace, topic, partition, record))
         found.sort(key=lambda s: s.base_offset)
         return PartitionLog(
             topic, partition, state.log_start_offset, state.high_watermark, tuple(found)
@@ -180,7 +233,15 @@ class ListingCatalog:
 
     def topics(self, selection: Selection) -> dict[str, int]:
         if selection.pattern:
-            listed = (self._topic_of(info.key) for info in self.objects.list(f"{self.namespace}/"))
+            wal = f"{self.namespace}/{WAL_DIRECTORY}"
+            keys = [info.key for info in self.objects.list(f"{self.namespace}/")]
+            if any(key.startswith(wal) for key in keys):
+                log.warning(
+                    "the bucket holds write-ahead objects: records not yet compacted into "
+                    "segments are read only with the metadata store",
+                    extra={"namespace": self.namespace},
+                )
+            listed = (self._topic_of(key) for key in keys if not key.startswith(wal))
             chosen = _select(selection, {n for n in listed if n is not None}, self.description)
         else:
             chosen = _select(
@@ -219,14 +280,7 @@ class ListingCatalog:
             if last < base:
                 raise CatalogError(f"{info.key}: ends at offset {last}, before its base {base}")
             found.append(
-                SegmentInfo(
-                    base,
-                    last,
-                    info.size,
-                    info.key,
-                    segments.index_key(self.namespace, topic, partition, base),
-                    None,
-                )
+                SegmentInfo.segment(self.namespace, topic, partition, base, last, info.size, None)
             )
         log_start = found[0].base_offset if found else 0
         high_watermark = found[-1].end_offset if found else 0

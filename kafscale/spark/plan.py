@@ -1,5 +1,5 @@
-"""Planning a read on the driver: resolve the bounds to offsets, then cut the segments in range
-into slices, one Spark input partition each.
+"""Planning a read on the driver: resolve the bounds to offsets, then cut the log entries in
+range into slices, one Spark input partition each.
 
 Bounds follow Spark's Kafka source: the range read from a partition is ``[start, end)``; a
 timestamp resolves to the first offset whose record has a timestamp >= it (what Kafka's
@@ -7,11 +7,13 @@ timestamp resolves to the first offset whose record has a timestamp >= it (what 
 (``startingOffsetsByTimestampStrategy=error``, the default) or starts at the end (``latest``); an
 ending timestamp that none reaches ends at the high watermark.
 
-Slices never cross a segment. A segment wholly inside the range and no larger than ``splitBytes``
-is one slice, read with one GET and checked against its footer CRC. Otherwise the segment's
+Slices never cross an entry. A chunk of a write-ahead object (small, no index) is always one
+slice, read with one ranged GET, every batch's CRC32C and its committed offsets checked. A
+segment wholly inside the range and no larger than ``splitBytes`` is one slice, read with one
+GET and checked against its footer CRC. Otherwise the segment's
 ``.index`` places the cut: the range starts at the entry at or before the first wanted offset and
 stops at the first entry at or past the end, so the records outside are not downloaded; a range
-larger than ``splitBytes`` is cut at index entries into several slices. Segments outside the range
+larger than ``splitBytes`` is cut at index entries into several slices. Entries outside the range
 are never touched, nor are their indexes.
 """
 
@@ -20,13 +22,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kafscale.protocol import records
 from kafscale.spark.catalog import Catalog, CatalogError, PartitionLog, SegmentInfo
 from kafscale.spark.options import EARLIEST, LATEST, Bound, ReadOptions
-from kafscale.storage import ObjectNotFound, ObjectStore
+from kafscale.storage import ObjectNotFound, ObjectStore, chunks
 from kafscale.storage import segment as segments
 from kafscale.storage.segment import CorruptSegment, IndexEntry
 
@@ -40,18 +42,19 @@ class BoundError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """A byte range of one segment and the offsets to keep from it."""
+    """A byte range of one log entry and the offsets to keep from it."""
 
     topic: str
     partition: int
-    key: str  # the .kfs object
-    base_offset: int  # the segment's first and last offsets, as the catalog knows them
+    key: str  # the .kfs object, or a chunk's write-ahead object
+    base_offset: int  # the entry's first and last offsets, as the catalog knows them
     last_offset: int
     start: int  # object positions of the first batch read and just past the last one
     end: int
-    whole: bool  # the whole segment: read it in one GET and verify its footer CRC too
+    whole: bool  # the whole entry: verify all the format allows (a segment's footer CRC too)
     from_offset: int  # records kept: [from_offset, until_offset)
     until_offset: int
+    chunk: bool = False  # a chunk of a write-ahead object: [start, end) is all of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,7 @@ class PartitionRange:
     end: int
 
 
-ReadSegment = Callable[[SegmentInfo], segments.Segment]
+ReadSegment = Callable[[SegmentInfo], Sequence[memoryview]]  # an entry's batches, verified
 
 
 def plan(options: ReadOptions, catalog: Catalog, objects: ObjectStore) -> list[Slice]:
@@ -150,8 +153,8 @@ def offset_for_timestamp(
 ) -> int | None:
     """The first offset whose record's timestamp is >= ``timestamp``, or None.
 
-    With every segment's max timestamp known (from the metadata store) only the one segment
-    holding the answer is read: the first whose running maximum reaches ``timestamp``. Otherwise
+    With every entry's max timestamp known (from the metadata store) only the one entry holding
+    the answer is read: the first whose running maximum reaches ``timestamp``. Otherwise
     segments are read in order until one holds it."""
     candidates = list(partition_log.segments)
     if all(s.max_timestamp is not None for s in candidates):
@@ -167,11 +170,10 @@ def offset_for_timestamp(
     return None
 
 
-def _first_reaching(parsed: segments.Segment, timestamp: int, log_start: int) -> int | None:
-    for span in parsed.batches:
-        batch = parsed.data[span.position : span.position + span.length]
+def _first_reaching(batches: Sequence[memoryview], timestamp: int, log_start: int) -> int | None:
+    for batch in batches:
         header = records.read_header(batch)
-        if header.max_timestamp < timestamp or header.is_control or span.last_offset < log_start:
+        if header.max_timestamp < timestamp or header.is_control or header.last_offset < log_start:
             continue
         for record in records.iter_records(batch):
             if record.offset >= log_start and record.timestamp >= timestamp:
@@ -180,21 +182,31 @@ def _first_reaching(parsed: segments.Segment, timestamp: int, log_start: int) ->
 
 
 class SegmentReader:
-    """Whole segments for timestamp lookups, read once each and verified."""
+    """Whole entries for timestamp lookups, read once each and verified."""
 
     def __init__(self, objects: ObjectStore) -> None:
         self.objects = objects
         self.read_keys: list[str] = []
 
-    def read(self, segment: SegmentInfo) -> segments.Segment:
+    def read(self, segment: SegmentInfo) -> list[memoryview]:
         self.read_keys.append(segment.key)
-        return read_whole(self.objects, segment.key, segment.base_offset, segment.last_offset)
+        chunk = (segment.start, segment.end) if segment.is_chunk else None
+        return read_whole(
+            self.objects, segment.key, segment.base_offset, segment.last_offset, chunk
+        )
 
 
 def read_whole(
-    objects: ObjectStore, key: str, base_offset: int, last_offset: int
-) -> segments.Segment:
-    """A whole segment, every CRC verified and its offsets checked against the catalog's."""
+    objects: ObjectStore,
+    key: str,
+    base_offset: int,
+    last_offset: int,
+    chunk: tuple[int, int] | None = None,
+) -> list[memoryview]:
+    """The batches of a whole entry, every CRC verified and its offsets checked against the
+    catalog's: the segment at ``key``, or the chunk at ``[start, end)`` of object ``key``."""
+    if chunk is not None:
+        return _read_chunk(objects, key, base_offset, last_offset, *chunk)
     try:
         data = objects.get(key)
     except ObjectNotFound:
@@ -211,7 +223,27 @@ def read_whole(
             f"{objects.description}: segment {key} holds offsets {parsed.base_offset}.."
             f"{parsed.last_offset}, expected {base_offset}..{last_offset}"
         )
-    return parsed
+    return [parsed.data[s.position : s.position + s.length] for s in parsed.batches]
+
+
+def _read_chunk(
+    objects: ObjectStore, key: str, base_offset: int, last_offset: int, start: int, end: int
+) -> list[memoryview]:
+    """A chunk of a write-ahead object: one ranged GET, verified."""
+    where = f"{objects.description}: write-ahead object {key}"
+    try:
+        data = memoryview(objects.get(key, start, end - start))
+    except ObjectNotFound:
+        raise CorruptSegment(
+            f"{where} is gone (its chunks were compacted into a segment and the object collected "
+            "while the read ran: read again)"
+        ) from None
+    if len(data) != end - start:
+        raise CorruptSegment(
+            f"{where}: {len(data)} bytes at position {start}, the chunk has {end - start}"
+        )
+    spans = chunks.verify_chunk(data, where, start, base_offset, last_offset)
+    return [data[s.position : s.position + s.length] for s in spans]
 
 
 def cut(
@@ -224,15 +256,15 @@ def cut(
     for segment in partition_log.segments:
         if segment.last_offset < span.start or segment.base_offset >= span.end:
             continue
-        body_end = segment.size - segments.FOOTER_SIZE
+        body_end = segment.end
         inside = span.start <= segment.base_offset and segment.last_offset < span.end
-        if inside and segment.size <= split_bytes:
-            slices.append(_slice(span, segment, segments.HEADER_SIZE, body_end, whole=True))
+        if segment.is_chunk or (inside and segment.size <= split_bytes):
+            slices.append(_slice(span, segment, segment.start, body_end, whole=True))
             continue
         entries = _index_entries(objects, segment)
         first, stop = _positions(entries, segment, span, body_end)
         cuts = _cuts(entries, first, stop, split_bytes)
-        whole = first == segments.HEADER_SIZE and stop == body_end and len(cuts) == 2
+        whole = first == segment.start and stop == body_end and len(cuts) == 2
         for start, end in itertools.pairwise(cuts):
             slices.append(_slice(span, segment, start, end, whole=whole))
     return slices
@@ -250,12 +282,14 @@ def _slice(span: PartitionRange, segment: SegmentInfo, start: int, end: int, who
         whole=whole,
         from_offset=max(span.start, segment.base_offset),
         until_offset=min(span.end, segment.end_offset),
+        chunk=segment.is_chunk,
     )
 
 
 def _index_entries(objects: ObjectStore, segment: SegmentInfo) -> list[IndexEntry]:
     """The segment's index entries; none (read from the start) if the index is missing, as an
     index is an accelerator, never a requirement."""
+    assert segment.index_key is not None, "chunks are never cut"
     try:
         data = objects.get(segment.index_key)
     except ObjectNotFound:
@@ -265,8 +299,7 @@ def _index_entries(objects: ObjectStore, segment: SegmentInfo) -> list[IndexEntr
         index = segments.parse_index(data)
     except CorruptSegment as exc:
         raise CorruptSegment(f"{objects.description}: index {segment.index_key}: {exc}") from None
-    body_end = segment.size - segments.FOOTER_SIZE
-    entries = [e for e in index.entries if e.position < body_end]
+    entries = [e for e in index.entries if e.position < segment.end]
     if len(entries) != len(index.entries) or (entries and entries[0].offset != segment.base_offset):
         raise CorruptSegment(
             f"{objects.description}: index {segment.index_key} does not match its segment "
@@ -281,7 +314,7 @@ def _positions(
 ) -> tuple[int, int]:
     """Object positions bounding the batches that hold ``span``'s part of the segment."""
     offsets = [e.offset for e in entries]
-    first = segments.HEADER_SIZE
+    first = segment.start
     i = bisect.bisect_right(offsets, span.start) - 1
     if i >= 0:
         first = entries[i].position

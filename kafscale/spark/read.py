@@ -2,8 +2,11 @@
 into Arrow record batches in the Kafka source's row layout.
 
 A whole-segment slice is verified as the broker verifies it (framing, every batch's CRC32C, the
-footer's CRC32C over all batches, contiguous offsets, the header's counts); a ranged slice checks
-framing, each batch's CRC32C and that offsets run on without a gap. Anything that fails raises
+footer's CRC32C over all batches, contiguous offsets, the header's counts); a ranged slice of a
+segment, and a chunk of a write-ahead object (one ranged GET), check framing, each batch's CRC32C
+and that offsets run on without a gap (a chunk: exactly its committed offsets, as
+``kafscale.storage.chunks`` checks them). The row schema is the same whatever the entry's kind.
+Anything that fails raises
 ``CorruptSegment`` naming the object: the task fails, nothing is skipped silently. Control
 batches (transaction markers) are not records and are left out, as Kafka consumers do.
 
@@ -26,8 +29,7 @@ from kafscale.protocol import records
 from kafscale.protocol.compression import CorruptCompressedData
 from kafscale.protocol.records import CorruptRecordBatch, TimestampType
 from kafscale.spark.plan import Slice, read_whole
-from kafscale.storage import ObjectNotFound, ObjectStore
-from kafscale.storage import segment as segments
+from kafscale.storage import ObjectNotFound, ObjectStore, chunks
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.segment import CorruptBatch, CorruptSegment
 
@@ -67,7 +69,8 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 def read_slice(
     objects: ObjectStore, part: Slice, include_headers: bool = True, fail_on_data_loss: bool = True
 ) -> Iterator[pa.RecordBatch]:
-    where = f"{objects.description}: segment {part.key}"
+    kind = "write-ahead object" if part.chunk else "segment"
+    where = f"{objects.description}: {kind} {part.key}"
     batches = _whole(objects, part) if part.whole else _ranged(objects, part, where)
     rows = _Rows(part, include_headers)
     for batch in batches:
@@ -102,13 +105,12 @@ def read_slice(
         yield rows.take()
 
 
-def _whole(objects: ObjectStore, part: Slice) -> Iterator[memoryview]:
-    parsed = read_whole(objects, part.key, part.base_offset, part.last_offset)
-    for span in parsed.batches:
-        yield parsed.data[span.position : span.position + span.length]
+def _whole(objects: ObjectStore, part: Slice) -> list[memoryview]:
+    chunk = (part.start, part.end) if part.chunk else None
+    return read_whole(objects, part.key, part.base_offset, part.last_offset, chunk)
 
 
-def _ranged(objects: ObjectStore, part: Slice, where: str) -> Iterator[memoryview]:
+def _ranged(objects: ObjectStore, part: Slice, where: str) -> list[memoryview]:
     try:
         data = memoryview(objects.get(part.key, part.start, part.end - part.start))
     except ObjectNotFound:
@@ -120,33 +122,8 @@ def _ranged(objects: ObjectStore, part: Slice, where: str) -> Iterator[memoryvie
             f"{where}: {len(data)} bytes at position {part.start}, expected "
             f"{part.end - part.start} (the object is shorter than the index says)"
         )
-    at, expected = 0, None
-    while at < len(data):
-        position = part.start + at
-        header = segments.read_batch_header(data, at)
-        if header.magic != 2 or header.size < segments.BATCH_HEADER_SIZE:
-            raise CorruptSegment(f"{where}: no record batch at position {position}")
-        if at + header.size > len(data):
-            raise CorruptSegment(
-                f"{where}: the batch at position {position} runs past position {part.end}, where "
-                "the index says a batch starts"
-            )
-        batch = data[at : at + header.size]
-        computed = segments.batch_crc(batch)
-        if computed != header.crc:
-            raise CorruptSegment(
-                f"{where}: batch at position {position} (offsets {header.base_offset}.."
-                f"{header.last_offset}) fails its CRC32C: stored {header.crc:#010x}, computed "
-                f"{computed:#010x}"
-            )
-        if expected is not None and header.base_offset != expected:
-            raise CorruptSegment(
-                f"{where}: batch at position {position} starts at offset {header.base_offset}, "
-                f"expected {expected}"
-            )
-        expected = header.last_offset + 1
-        yield batch
-        at += header.size
+    spans = chunks.walk_batches(data, where, part.start)
+    return [data[s.position : s.position + s.length] for s in spans]
 
 
 class _Rows:

@@ -3,8 +3,9 @@ object store, with and without a real (SQLite) metadata store beside them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -73,6 +74,9 @@ class CountingStore:
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many(keys)
 
     def check(self) -> None:
         self.inner.check()
@@ -152,7 +156,9 @@ def open_read(data_dir: Path) -> tuple[CountingStore, Catalog]:
     return objects, open_catalog(storage, objects)
 
 
-def rows(objects: CountingStore, slices: list[Slice], headers: bool = True) -> Iterator[dict]:
+def rows(
+    objects: CountingStore, slices: list[Slice], headers: bool = True
+) -> Iterator[dict[str, Any]]:
     for part in slices:
         for batch in read_slice(objects, part, headers):
             yield from pa.Table.from_batches([batch]).to_pylist()
@@ -172,7 +178,7 @@ def test_a_whole_topic_reads_back_record_for_record(data_dir: Path) -> None:
         assert (row["topic"], row["partition"], row["timestampType"]) == (TOPIC, 0, 0)
     # whole segments only: one GET each, no index (and, with no metadata store, the footer of
     # the newest segment, for the log's end)
-    expected = [
+    expected: list[tuple[str, int, int | None]] = [
         (segments.segment_key(NS, TOPIC, 0, s * PER_SEGMENT), 0, None) for s in range(SEGMENTS)
     ]
     if isinstance(catalog, ListingCatalog):
