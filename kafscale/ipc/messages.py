@@ -165,42 +165,6 @@ class Appended(Message, frozen=True):
     results: list[AppendResult]
 
 
-class FlushSegment(Message, frozen=True):
-    """Build, upload and commit the sealed buffer ``buffer`` (generation ``generation``, bytes
-    ``[0, size)``) holding offsets ``[base_offset, last_offset]`` of a partition."""
-
-    buffer: str
-    generation: int
-    size: int
-    topic: str
-    topic_id: str
-    partition: int
-    base_offset: int
-    last_offset: int
-    records: int
-    max_timestamp: int
-    created_ms: int
-    codec: int
-    producers: dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]
-    topic_created_ms: int = 0
-
-
-class SegmentFlushed(Message, frozen=True):
-    """The outcome of a FlushSegment: ``committed`` with the new ``high_watermark``, or not,
-    with ``error`` (the shard keeps the buffer and tries again)."""
-
-    topic: str
-    partition: int
-    base_offset: int
-    committed: bool
-    high_watermark: int
-    error: str | None = None
-    storage_error: bool = False  # S3 or the metadata store failed: a health signal
-    topic_gone: bool = False  # the topic was deleted: the shard drops the partition's data
-    upload_ms: int = 0
-    segment: SegmentRecord | None = None  # what was committed, for the shard's segment list
-
-
 class FlushAll(Message, frozen=True):
     """Seal every open buffer now; answered with ``FlushedAll`` once all is committed (an
     operator's explicit flush, ``POST /flush``)."""
@@ -676,8 +640,6 @@ AnyMessage = (
     | SegmentCommitted
     | Append
     | Appended
-    | FlushSegment
-    | SegmentFlushed
     | AllocateProducerId
     | ProducerIdAllocated
     | FlushAll
