@@ -14,6 +14,7 @@ from kafscale.spark import options as opts
 from kafscale.spark.catalog import ListingCatalog
 from kafscale.spark.plan import plan
 from kafscale.storage import LocalObjectStore
+from kafscale.storage import segment as segments
 from kafscale.storage.segment import CorruptSegment
 from tests.unit.spark.test_plan_and_read import (
     NS,
@@ -126,3 +127,21 @@ def test_the_listing_takes_no_write_ahead_object_for_a_topic(tmp_path: Path) -> 
     selection = opts.parse({"dataDir": str(tmp_path), "subscribePattern": ".*"}).selection
     assert catalog.topics(selection) == {TOPIC: 1}
     assert catalog.partition(TOPIC, 0).high_watermark == TOTAL
+
+
+def test_a_segment_record_of_the_previous_version_is_read_as_a_segment(tmp_path: Path) -> None:
+    write_topic(tmp_path)
+    store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+    old = (  # no object, position or codec: written before write-ahead objects existed
+        b'{"base_offset":0,"last_offset":99,"size":%d,"index_size":1,"records":100,'
+        b'"max_timestamp":%d,"created_ms":%d}'
+    )
+    kfs = segments.segment_key(NS, TOPIC, 0, 0)
+    size = LocalObjectStore(str(tmp_path / "segments")).size(kfs)
+    store.put(Keys(NS).segment(TOPIC, 0, 0), old % (size, T0 + 99_000, T0))
+    store.close()
+    objects, catalog = open_read(tmp_path)
+    first = catalog.partition(TOPIC, 0).segments[0]
+    assert (first.key, first.is_chunk, first.start) == (kfs, False, segments.HEADER_SIZE)
+    slices = plan(read_options(tmp_path), catalog, objects)
+    assert [r["offset"] for r in rows(objects, slices[:1])] == list(range(100))
