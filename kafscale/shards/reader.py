@@ -39,7 +39,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from kafscale import metrics
 from kafscale.config import Config
@@ -61,7 +61,7 @@ from kafscale.storage.segment import Index
 log = logging.getLogger(__name__)
 
 READ_WORKERS = 8
-MAX_READAHEADS = 4  # whole-segment prefetches in flight per shard
+MAX_READAHEADS = 4  # whole-entry prefetches in flight per shard
 
 # The retriable error of a read the object store cannot serve now. Every client retries it
 # without telling the application, but Java and aiokafka at once (no backoff): so a fetch with
@@ -72,7 +72,6 @@ PartitionKey = tuple[str, int]  # topic id, partition
 # Loads (or returns) the partition a request names: (topic, topic id, partition, created ms);
 # raises StaleTopic when that topic is gone.
 PartitionFor = Callable[[str, str, int, int], PartitionLog]
-T = TypeVar("T")
 
 
 @dataclass(eq=False, slots=True)
@@ -364,11 +363,11 @@ class ReadPath:
         segment = partition.segments.find(offset)
         if segment is None:
             log.error(
-                "no committed segment holds a committed offset",
+                "no committed entry holds a committed offset",
                 extra={"topic": partition.topic, "partition": partition.partition, "at": offset},
             )
             part.error = ErrorCode.kafka_storage_error
-            part.message = f"no committed segment holds offset {offset}"
+            part.message = f"no committed entry holds offset {offset}"
         return segment
 
     def _read_ahead(self, partition: PartitionLog, segment: SegmentRecord) -> None:
