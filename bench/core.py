@@ -33,7 +33,12 @@ SCALED = (
     "load_records",
 )
 # Durations (seconds) that --scale multiplies; the rates stay, so a smaller run is shorter.
-SECONDS_SCALED = ("cost_seconds", "java_defaults_seconds", "idle_seconds")
+SECONDS_SCALED = (
+    "cost_seconds",
+    "java_defaults_seconds",
+    "java_defaults_grace_seconds",
+    "idle_seconds",
+)
 
 
 @dataclass(frozen=True)

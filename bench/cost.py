@@ -86,7 +86,7 @@ def segments_written(samples: Mapping[str, float]) -> float | None:
 
 def histogram_mean(text_before: str, text_after: str, name: str, labels: str) -> float | None:
     """The mean of a histogram's observations between two /metrics pages (`labels` as written,
-    e.g. 'api="Produce"'); None without observations in between."""
+    e.g. 'api="produce"'); None without observations in between."""
     key = f"{{{labels}}}"
     before, after = metric_samples(text_before, name), metric_samples(text_after, name)
     count = after.get(f"{name}_count{key}", 0.0) - before.get(f"{name}_count{key}", 0.0)

@@ -152,9 +152,28 @@ class PacedProducer:
         self._unacked = 0
         self._thread = threading.Thread(target=self._run, name="paced-producer", daemon=True)
 
-    def start(self) -> None:
+    def start(self, timeout: float = 30.0) -> None:
+        """Start sending once the producer's metadata shows every partition (a record for a
+        partition it does not know yet would fail at once)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            topic = self.producer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if (
+                topic is not None
+                and topic.error is None
+                and len(topic.partitions) >= self.partitions
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.topic}: not all {self.partitions} partitions known")
+            time.sleep(0.2)
         self.started = time.perf_counter()
         self._thread.start()
+
+    @property
+    def first_error(self) -> str | None:
+        """The first failed delivery's error, if any failed."""
+        return self._failed[0] if self._failed else None
 
     def wait_until(self, elapsed: float) -> None:
         """Sleep until `elapsed` seconds after the start (or the sending ended)."""

@@ -313,7 +313,10 @@ def plots(run: dict[str, Any], out_dir: Path, stem: str) -> None:
 def write_report(run: dict[str, Any], out_dir: Path, stem: str) -> Path:
     path = out_dir / f"{stem}.md"
     path.write_text(markdown(run, stem))
-    plots(run, out_dir, stem)
+    try:
+        plots(run, out_dir, stem)
+    except ImportError:  # matplotlib comes with the `bench` extra (scripts/bench.sh installs it)
+        print("matplotlib is not installed: no plots", file=sys.stderr)
     return path
 
 

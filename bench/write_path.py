@@ -122,6 +122,8 @@ def cost_workload(partitions: int) -> Callable[[Bench], None]:
             producer.wait_until(s.cost_seconds)
             last = _sample(bench.target, producer)
             result = producer.join()
+            if producer.first_error is not None:
+                print(f"      first failed delivery: {producer.first_error}", flush=True)
             result.extra["partitions"] = float(partitions)
             if bench.target.config() is not None:
                 result.extra.update(cost.window(first, last, record_size=s.record_size))
@@ -197,7 +199,7 @@ def java_defaults(bench: Bench) -> None:
         )
         result.extra["offered_records_per_sec"] = float(s.java_defaults_rate)
         after = bench.target.metrics_text()
-        request = cost.histogram_mean(before, after, PRODUCE_REQUEST_SECONDS, 'api="Produce"')
+        request = cost.histogram_mean(before, after, PRODUCE_REQUEST_SECONDS, 'api="produce"')
         if request is not None:
             result.extra["produce_request_ms"] = request * 1000
             result.extra["bound_records_per_sec"] = cost.producer_bound_records_per_sec(

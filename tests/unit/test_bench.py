@@ -11,12 +11,15 @@ import time
 
 import pytest
 
-from bench import procstats, python_driver, report
+from bench import cost, goals, procstats, python_driver, report, write_path
 from bench.kafka_perf import (
     PerfToolError,
+    ToolOutput,
     parse_consumer_performance,
     parse_end_to_end_latency,
+    parse_producer_errors,
     parse_producer_performance,
+    parse_producer_progress,
 )
 
 PRODUCER_OUTPUT = """\
@@ -171,3 +174,257 @@ def test_process_tree_cpu_and_memory_include_children() -> None:
     assert usage.peak_pss_bytes > 0
     assert usage.samples >= 2
     assert procstats.pss_bytes(os.getpid()) > 0
+
+
+# -- issue 15's scenarios: cost arithmetic, parsers, goals ----------------------------------------
+
+METRICS_BEFORE = """\
+# HELP kafscale_compactions_total Segments compacted
+# TYPE kafscale_compactions_total counter
+kafscale_compactions_total 2.0
+kafscale_compactions_created 1.7e9
+kafscale_compaction_failures_total 1.0
+kafscale_compaction_bytes_total 8388608.0
+kafscale_request_duration_seconds_count{api="produce"} 10.0
+kafscale_request_duration_seconds_sum{api="produce"} 2.0
+kafscale_request_duration_seconds_bucket{api="produce",le="0.5"} 10.0
+"""
+METRICS_AFTER = """\
+kafscale_compactions_total 6.0
+kafscale_compaction_failures_total 3.0
+kafscale_request_duration_seconds_count{api="produce"} 30.0
+kafscale_request_duration_seconds_sum{api="produce"} 8.0
+"""
+
+
+def test_request_and_storage_dollars_at_the_appendix_prices() -> None:
+    # 4 PUTs/s for 30 days at $0.005 per 1,000 (the design's ~$52 at a 250 ms interval).
+    assert cost.request_dollars_per_month({"put": 4.0}) == pytest.approx(51.84)
+    assert cost.request_dollars_per_month({"get": 10.0, "delete": 5.0}) == pytest.approx(10.368)
+    # 7 days of 100 GB at $0.023/GB-month, and half that when stored at half the size.
+    assert cost.storage_dollars_per_month() == pytest.approx(16.1)
+    assert cost.storage_dollars_per_month(0.5) == pytest.approx(8.05)
+    assert cost.put_goal_per_sec(250, 0.25) == pytest.approx(4.5)
+
+
+def test_compaction_segments_come_from_the_compaction_counters() -> None:
+    before = cost.compaction_samples(METRICS_BEFORE)
+    assert "kafscale_compactions_created" not in before
+    assert cost.segments_written(before) == 2.0  # failures are not segments written
+    assert cost.segments_written(cost.compaction_samples("kafscale_flushes_total 3.0\n")) is None
+    labelled = (
+        'kafscale_compactions_total{result="ok"} 4.0\n'
+        'kafscale_compactions_total{result="failed"} 9.0\n'
+    )
+    assert cost.segments_written(cost.compaction_samples(labelled)) == 4.0
+
+
+def test_histogram_mean_between_two_pages() -> None:
+    mean = cost.histogram_mean(
+        METRICS_BEFORE, METRICS_AFTER, "kafscale_request_duration_seconds", 'api="produce"'
+    )
+    assert mean == pytest.approx(0.3)  # 6 s over 20 requests
+    assert cost.histogram_mean(METRICS_AFTER, METRICS_AFTER, "x", 'api="produce"') is None
+
+
+def test_window_rates_over_the_steady_part() -> None:
+    first = cost.Sample(10.0, 1000, {"put": 100, "get": 3}, {"kafscale_compactions_total": 1.0}, 0)
+    last = cost.Sample(
+        30.0,
+        21480,
+        {"put": 180, "get": 3, "list": 2},
+        {"kafscale_compactions_total": 3.0},
+        10240000,
+    )
+    figures = cost.window(first, last, record_size=1024)
+    assert figures["steady_seconds"] == 20.0
+    assert figures["s3_put_per_sec"] == 4.0
+    assert figures["s3_get_per_sec"] == 0.0
+    assert figures["s3_list_per_sec"] == 0.1
+    assert figures["s3_delete_per_sec"] == 0.0  # every operation is reported, even at 0
+    assert figures["compaction_segments_per_sec"] == 0.1
+    assert figures["stored_ratio"] == pytest.approx(10240000 / (20480 * 1024))
+    assert figures["steady_mb_per_sec"] == pytest.approx(1.0)
+    assert cost.request_rates(figures) == {"put": 4.0, "get": 0.0, "list": 0.1, "delete": 0.0}
+    no_store = cost.Sample(30.0, 21480, {}, {}, None)
+    no_store_later = cost.Sample(40.0, 31480, {}, {}, None)
+    assert "stored_ratio" not in cost.window(first, no_store, record_size=1024)
+    assert "compaction_segments_per_sec" not in cost.window(
+        no_store, no_store_later, record_size=1024
+    )
+    with pytest.raises(ValueError):
+        cost.window(last, first, record_size=1024)
+
+
+def test_projected_compaction_puts() -> None:
+    rate = 100e9 / 86_400  # the appendix's bytes a second, stored 1:1
+    mib = 1 << 20
+    common = {"segment_bytes": 4 * mib, "max_age_ms": 3_600_000, "buffer_bytes": 512 * mib}
+    # 300 partitions: each one's share of the 512 MiB buffer (1.7 MiB) seals its segments.
+    p300 = cost.projected_compaction_puts_per_sec(
+        stored_bytes_per_sec=rate, partitions=300, **common
+    )
+    assert p300 == pytest.approx(2 * rate / (512 * mib / 300))
+    # 3 partitions: 4 MiB segments.
+    p3 = cost.projected_compaction_puts_per_sec(stored_bytes_per_sec=rate, partitions=3, **common)
+    assert p3 == pytest.approx(2 * rate / (4 * mib))
+    # Sparse partitions and a big buffer: the maximum age seals them.
+    sparse = cost.projected_compaction_puts_per_sec(
+        stored_bytes_per_sec=3000.0,
+        partitions=3000,
+        segment_bytes=4 * mib,
+        max_age_ms=3_600_000,
+        buffer_bytes=1 << 40,
+    )
+    assert sparse == pytest.approx(2 * 3000 / 3600)
+    assert (
+        cost.projected_compaction_puts_per_sec(stored_bytes_per_sec=0.0, partitions=3, **common)
+        == 0.0
+    )
+
+
+def test_producer_bound_is_five_full_batches_per_round_trip() -> None:
+    assert cost.records_per_batch(16384, 1024) == 15
+    bound = cost.producer_bound_records_per_sec(
+        in_flight=5, batch_size=16384, record_size=1024, request_seconds=0.3
+    )
+    assert bound == pytest.approx(250.0)
+
+
+PROGRESS = """\
+24990 records sent, 4998.0 records/sec (4.88 MB/sec), 3.5 ms avg latency, 40.0 ms max latency.
+710 records sent, 142.0 records/sec (0.14 MB/sec), 1500.0 ms avg latency, 9000.0 ms max latency.
+"""
+ERRORS = """\
+[2026-11-24 15:00:00,000] WARN [Producer clientId=perf-producer-client] Got error produce response
+org.apache.kafka.common.errors.TimeoutException: Expiring 15 record(s) for t-0:120004 ms has \
+passed since batch creation
+org.apache.kafka.common.errors.TimeoutException: Expiring 15 record(s) for t-0:120005 ms has \
+passed since batch creation
+org.apache.kafka.common.errors.NotLeaderOrFollowerException: This server is not the leader
+\tat org.apache.kafka.clients.producer.internals.Sender.completeBatch(Sender.java:1)
+Caused by: java.io.IOException: broken pipe
+"""
+
+
+def test_producer_progress_lines_are_summed() -> None:
+    progress = parse_producer_progress(PROGRESS + PRODUCER_OUTPUT)
+    # The summary line of PRODUCER_OUTPUT has percentiles: not a progress line; its first is.
+    assert progress.records == 24990 + 710 + 122161
+    assert progress.seconds == pytest.approx(5.0 + 5.0 + 122161 / 24417.5)
+    assert progress.max_latency_ms == 9000.0
+    assert progress.avg_latency_ms == pytest.approx(
+        (24990 * 3.5 + 710 * 1500.0 + 122161 * 576.0) / progress.records
+    )
+    assert parse_producer_progress("").records_per_sec == 0.0
+
+
+def test_producer_failures_are_counted_by_kind() -> None:
+    errors = parse_producer_errors(ERRORS)
+    assert errors == {"expired": 2, "NotLeaderOrFollowerException": 1}
+
+
+def test_java_defaults_result_from_the_summary_or_the_progress() -> None:
+    finished = ToolOutput(PRODUCER_OUTPUT, "", 0, stopped=False)
+    run = write_path.java_defaults_run(finished, offered=200000, record_size=1024, wall=9.0)
+    assert run.records == 200000
+    assert run.records_per_sec == pytest.approx(29967.03626)
+    assert run.reported_latency_ms["p99"] == 893
+    assert run.extra["unresolved_records"] == 0.0
+
+    stopped = ToolOutput(PROGRESS, ERRORS, -15, stopped=True)
+    run = write_path.java_defaults_run(stopped, offered=30000, record_size=1024, wall=170.0)
+    assert run.records == 25700
+    assert run.seconds == pytest.approx(10.0)
+    assert "p99" not in run.reported_latency_ms
+    assert run.extra["expired_records"] == 2.0
+    assert run.extra["failed_records"] == 3.0
+    assert run.extra["unresolved_records"] == 30000 - 25700 - 3
+    assert run.extra["stopped"] == 1.0
+
+    with pytest.raises(PerfToolError):
+        write_path.java_defaults_run(
+            ToolOutput("", "no such class", 1, stopped=False),
+            offered=1,
+            record_size=1024,
+            wall=1.0,
+        )
+
+
+def _run_of(*results: dict[str, object]) -> dict[str, object]:
+    return {"results": list(results)}
+
+
+def test_cost_goals_and_table() -> None:
+    extra = {
+        "partitions": 300.0,
+        "steady_seconds": 90.0,
+        "steady_mb_per_sec": 1.1,
+        "s3_put_per_sec": 4.2,
+        "s3_get_per_sec": 0.0,
+        "s3_list_per_sec": 0.0,
+        "s3_delete_per_sec": 0.1,
+        "flush_interval_ms": 250.0,
+        "compaction_segments_per_sec": 0.1,
+        "projected_compaction_puts_per_sec": 1.3,
+        "stored_ratio": 0.5,
+    }
+    s3 = _result("kafscale-s3", scenario="cost-p300", client="confluent-kafka", extra=extra)
+    no_metrics = {k: v for k, v in extra.items() if k != "compaction_segments_per_sec"}
+    embedded = _result("kafscale", scenario="cost-p300", client="confluent-kafka", extra=no_metrics)
+    lines = goals.write_path_goals(_run_of(embedded, s3))
+    puts = next(line for line in lines if "S3 PUTs/s" in line)
+    # 4.2 <= 1000/250 + 2 x 0.1 = 4.2: met; without compaction metrics 4.2 > 4.0: missed.
+    assert "4.20/s vs <= 4.00/s (compaction metrics not available) **missed**" in puts
+    assert "4.20/s vs <= 4.20/s met" in puts
+    dollars = next(line for line in lines if "(measured)" in line)
+    assert "$54.43 met" in dollars  # 4.2 x 2,592,000 x $0.005/1000
+    projected = next(line for line in lines if "projected" in line)
+    # 4.2 - 0.2 measured + 1.3 projected = 5.3 PUTs/s: $68.69.
+    assert "$68.69 **missed**" in projected
+    table = "\n".join(goals.cost_tables(_run_of(embedded, s3)))
+    assert "| S3 PUT/s | 4.20 | 4.20 |" in table
+    assert "| compaction segments/s | - | 0.100 |" in table
+    assert "| storage $/month (7 days kept) | $8.05 | $8.05 |" in table
+
+
+def test_java_defaults_and_ratio_goals() -> None:
+    java = {"scenario": "java-defaults-p1", "client": "kafka-tools"}
+    embedded = _result(
+        "kafscale",
+        **java,
+        records_per_sec=4990.0,
+        latency_ms={"p99": 120.0},
+        extra={"offered_records_per_sec": 5000.0, "failed_records": 0.0, "unresolved_records": 0.0},
+    )
+    s3 = _result(
+        "kafscale-s3",
+        **java,
+        records_per_sec=150.0,
+        extra={
+            "offered_records_per_sec": 5000.0,
+            "bound_records_per_sec": 250.0,
+            "expired_records": 7.0,
+        },
+    )
+    idem = {"scenario": "produce-acksall-idem-p6", "client": "kafka-tools"}
+    idle = {"scenario": "e2e-idle-cpu", "client": "kafka-tools"}
+    text = "\n".join(
+        goals.write_path_goals(
+            _run_of(
+                embedded,
+                s3,
+                _result("kafka", **java, records_per_sec=4986.0),
+                _result("kafscale", **idem, mb_per_sec=85.0),
+                _result("kafscale-s3", **idem, mb_per_sec=40.0),
+                _result("kafka", **idem, mb_per_sec=100.0),
+                _result("kafscale", **idle, broker_cpu_seconds=3.0),
+                _result("kafka", **idle, broker_cpu_seconds=1.3),
+            )
+        )
+    )
+    assert "4,990/s of 5,000, 0 not acked, p99 120 ms met" in text
+    assert "150/s = 60% of 250/s, 7 expired **missed**" in text
+    assert "| produce-acksall-idem-p6, kafka-tools | 0.85x met | 0.40x **missed** |" in text
+    assert "| e2e-idle-cpu, kafka-tools | 2.31x met | - |" in text
+    assert "e2e-latency" not in text  # only the goals whose scenario ran
