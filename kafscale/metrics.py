@@ -114,6 +114,16 @@ WAL_OBJECT_ENTRIES = Histogram(
     "Partition entries per write-ahead object",
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
 )
+COMPACTIONS = Counter("kafscale_compactions", "Spec segments built from chunks and committed")
+COMPACTION_BYTES = Counter("kafscale_compaction_bytes", "Bytes of the segments compaction wrote")
+COMPACTION_FAILURES = Counter(
+    "kafscale_compaction_failures", "Compaction jobs (loads, seals) that failed", ["kind"]
+)
+COMPACTION_HELD_BYTES = Gauge(
+    "kafscale_compaction_held_bytes",
+    "Bytes of uncompacted chunks the compactor holds (KAFSCALE_COMPACTION_BUFFER_BYTES bounds it)",
+    multiprocess_mode="livesum",
+)
 S3_PUT_SECONDS = Histogram(
     "kafscale_s3_put_duration_seconds",
     "Object store PUT latency",

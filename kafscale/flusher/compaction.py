@@ -1,0 +1,426 @@
+"""The compactor: moves committed chunks into spec segments in the background
+(docs/design/write-path.md, section 6).
+
+It keeps, per partition, the uncompacted chunk records and, in an **accumulator** bounded by
+``KAFSCALE_COMPACTION_BUFFER_BYTES``, the bytes of a run of them from the oldest (the flusher
+hands each chunk it committed to ``committed``; what does not fit is read back later, one GET per
+write-ahead object). One worker thread asks the planner (``kafscale.flusher.compact_plan``) what
+to do and carries the jobs out, up to ``PARALLEL_JOBS`` at once:
+
+- ``Load``: GET the whole write-ahead object, verify it (``kafscale.storage.wal``), keep the
+  chunks the plan names.
+- ``Seal``: build the ``.kfs`` and ``.index`` of the chunks' batches (deterministic bytes: the
+  first chunk's created time and codec), put-if-absent both at the spec keys of the first chunk's
+  base offset (an object already there is judged by ``kafscale.flusher.compact_existing``: a
+  committed object is never overwritten), ask the coordinator to ``CommitCompaction``, then drop
+  the chunks and tell the shard owning the partition (``SegmentsCompacted``). A refused commit
+  (retention or deletion changed the entries) reloads the partition's entries from the store.
+
+A failed job backs off (the partition, or the object, is left out of plans for a while) and is
+tried again. ``committed`` only takes a lock held for bookkeeping, never across I/O: nothing here
+blocks the flusher's cycles.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from kafscale import metrics
+from kafscale.config import Config
+from kafscale.flusher import compact_existing, compact_plan
+from kafscale.flusher.compact_plan import Limits, Load, PartitionKey, Seal
+from kafscale.flusher.compact_state import BACKOFF_S, Accumulator, backoff
+from kafscale.ipc import messages, routing
+from kafscale.ipc.rpc import Bulk, Reply, RpcError
+from kafscale.metadata import records as metadata_records
+from kafscale.metadata.records import Keys, SegmentRecord
+from kafscale.metadata.store import MetadataStore, MetadataStoreError
+from kafscale.protocol import records
+from kafscale.storage import segment as segments
+from kafscale.storage import wal
+from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+PARALLEL_JOBS = 4
+COMMIT_TIMEOUT_MS = 10_000
+IDLE_WAIT_S = 1.0  # re-plan at least this often (the age rule needs no event)
+
+_J = TypeVar("_J", Seal, Load)
+_T = TypeVar("_T")
+_Chunks = dict[tuple[PartitionKey, int], tuple[int, memoryview]]  # an object's, with positions
+
+
+class CoordinatorClient(Protocol):
+    """What the compactor needs of ``kafscale.ipc.rpc.RpcClient``."""
+
+    def call(self, message: messages.Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+class CompactionFailed(Exception):
+    """A compaction could not complete; it is tried again after a back-off."""
+
+
+class _AlreadyCompacted(Exception):
+    def __init__(self, segment: SegmentRecord) -> None:
+        self.segment = segment
+
+
+class Compactor:
+    def __init__(
+        self,
+        config: Config,
+        objects: ObjectStore,
+        store: MetadataStore,
+        coordinator: Callable[[], CoordinatorClient],
+        notify: Callable[[int, messages.Message], None],
+        shards: int,
+    ) -> None:
+        """``coordinator`` makes a client (one per worker thread); ``notify(shard, message)``
+        sends a notice to a shard and is called from the compactor's threads."""
+        self.objects = objects
+        self.store = store
+        self.namespace = config.s3_namespace
+        self.keys = Keys(self.namespace)
+        self.limits = Limits(
+            config.compaction_buffer_bytes, config.compaction_max_age_ms, PARALLEL_JOBS
+        )
+        self.default_segment_bytes = config.segment_bytes
+        self._new_client = coordinator
+        self._notify = notify
+        self._shards = shards
+        self.accumulator = Accumulator(config.compaction_buffer_bytes, config.segment_bytes)
+        self._lock = threading.Lock()  # guards _clients
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL_JOBS, "compact")
+        self._local = threading.local()
+        self._clients: list[CoordinatorClient] = []
+
+    # --- the flusher's side -------------------------------------------------------------------
+
+    def committed(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        segment_bytes: int,
+        record: SegmentRecord,
+        data: bytes | memoryview,
+    ) -> None:
+        """A chunk the flusher committed: keep its record and, if it fits, its bytes (copied).
+        ``segment_bytes`` 0 means the broker's ``KAFSCALE_SEGMENT_BYTES``."""
+        self.accumulator.committed(
+            PartitionKey(topic, partition), topic_id, segment_bytes, record, data
+        )
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="compactor", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop after the jobs under way (an S3 call may take its timeout)."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._pool.shutdown(wait=True)
+        for client in self._clients:
+            client.close()
+
+    @property
+    def held_bytes(self) -> int:
+        return self.accumulator.held
+
+    def uncompacted(self, topic: str, partition: int) -> list[SegmentRecord]:
+        """The partition's chunk records not compacted yet (for logs and tests)."""
+        return self.accumulator.uncompacted(PartitionKey(topic, partition))
+
+    # --- the worker ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._closing.is_set():
+            try:
+                self.load_entries()
+                break
+            except Exception as exc:
+                failures += 1
+                log.warning("compactor cannot read the chunk records", extra={"error": str(exc)})
+                self._closing.wait(backoff(failures))
+        while not self._closing.is_set():
+            self._wake.clear()
+            try:
+                if not self.run_once():
+                    self._wake.wait(IDLE_WAIT_S)
+            except Exception:  # a bug: keep the flusher up, try again later
+                log.exception("compaction round failed")
+                self._closing.wait(BACKOFF_S[1])
+
+    def run_once(self) -> int:
+        """Plan and carry out one round of jobs; the number of jobs run. Objects are read at
+        once, but what they bring is kept in plan order (a partition's held chunks stay a run
+        from its oldest)."""
+        jobs = self._plan()
+        seals = [
+            self._pool.submit(self._guarded, job, self._seal)
+            for job in jobs
+            if isinstance(job, Seal)
+        ]
+        fetches = [
+            (job, self._pool.submit(self._guarded, job, self._fetch))
+            for job in jobs
+            if isinstance(job, Load)
+        ]
+        for job, fetch in fetches:
+            if (found := fetch.result()) is not None:
+                self._guarded(job, lambda load: self._keep(load, found))
+        concurrent.futures.wait(seals)
+        return len(jobs)
+
+    def load_entries(self) -> None:
+        """Read every partition's chunk records from the store (once, at start)."""
+        found: dict[PartitionKey, list[SegmentRecord]] = {}
+        prefix = self.keys.root + "segments/"
+        for kv in self.store.get_prefix(prefix):
+            record = metadata_records.decode_segment(kv.value)
+            name, partition, _ = kv.key[len(prefix) :].split("/")
+            if record.is_chunk:
+                found.setdefault(PartitionKey(name, int(partition)), []).append(record)
+        topics = {
+            topic.name: topic
+            for topic in map(metadata_records.decode_topic, _values(self.store, self.keys.topics))
+        }
+        for key, chunks in found.items():
+            if (topic := topics.get(key.topic)) is not None:
+                segment_bytes = int(topic.configs.get("segment.bytes", self.default_segment_bytes))
+                self.accumulator.merge(key, topic.topic_id, segment_bytes, chunks)
+        self._wake.set()
+
+    def _plan(self) -> list[compact_plan.Job]:
+        states, paused = self.accumulator.states(time.monotonic())
+        return compact_plan.plan(states, self.limits, int(time.time() * 1000), paused)
+
+    def run_job(self, job: compact_plan.Job) -> None:
+        """Carry out one job now (what ``run_once`` does for each of a plan's)."""
+        if isinstance(job, Seal):
+            self._guarded(job, self._seal)
+        elif (found := self._guarded(job, self._fetch)) is not None:
+            self._guarded(job, lambda load: self._keep(load, found))
+
+    def _guarded(self, job: _J, action: Callable[[_J], _T]) -> _T | None:
+        """``action(job)``; a failure is logged, counted and backs the job off."""
+        try:
+            return action(job)
+        except Exception as exc:
+            storage = isinstance(exc, (ObjectStoreError, MetadataStoreError, RpcError))
+            kind = "storage" if storage else "refused" if isinstance(exc, CompactionFailed) else ""
+            metrics.COMPACTION_FAILURES.labels(kind or "internal").inc()
+            what = {"job": type(job).__name__, "error": f"{type(exc).__name__}: {exc}"}
+            if kind:
+                log.warning("compaction failed; will retry", extra=what)
+            else:
+                log.exception("compaction failed unexpectedly; will retry", extra=what)
+            self.accumulator.back_off(job, time.monotonic())
+            return None
+
+    def _fetch(self, job: Load) -> _Chunks | None:
+        """Every chunk of the object ``job`` reads, with its position (None: the object is gone,
+        compacted meanwhile: the partitions' entries are reloaded)."""
+        try:
+            data = self.objects.get(job.object)
+        except ObjectNotFound:
+            log.warning("a chunk's object is gone; reloading", extra={"key": job.object})
+            for key in {key for key, _ in job.chunks}:
+                self._reload(key)
+            return None
+        try:
+            parsed = wal.parse_object(data)
+        except wal.CorruptObject as exc:
+            raise CompactionFailed(f"{job.object}: {exc}") from None
+        return {
+            (PartitionKey(entry.topic, entry.partition), entry.base_offset): (entry.position, chunk)
+            for entry, chunk in zip(parsed.entries, parsed.chunks, strict=True)
+        }
+
+    def _keep(self, job: Load, found: _Chunks) -> None:
+        missing = self.accumulator.loaded(job, found)
+        if missing:
+            raise CompactionFailed(f"{job.object} does not hold the chunks {missing} it should")
+
+    def _seal(self, job: Seal) -> None:
+        key = job.key
+        found = self.accumulator.seal_input(job)
+        if found is None:
+            return  # changed meanwhile: the next plan sees it
+        topic_id, data = found
+        chunks = job.chunks
+        first = chunks[0]
+        batches = [batch for chunk_data in data for batch in _split(chunk_data)]
+        kfs, index = segments.build_segment(batches, flags=first.codec, created_ms=first.created_ms)
+        try:
+            count, created_ms, size, index_size = self._upload(
+                key, topic_id, chunks, data, kfs, index
+            )
+        except _AlreadyCompacted as done:
+            self._compacted(key, topic_id, done.segment)
+            return
+        chunks = chunks[:count]
+        segment = SegmentRecord(
+            base_offset=first.base_offset,
+            last_offset=chunks[-1].last_offset,
+            size=size,
+            index_size=index_size,
+            records=sum(chunk.records for chunk in chunks),
+            max_timestamp=max(chunk.max_timestamp for chunk in chunks),
+            created_ms=created_ms,
+            codec=first.codec,
+        )
+        request = messages.CommitCompaction(
+            key.topic, topic_id, key.partition, first.base_offset, segment.last_offset, segment
+        )
+        reply = self._coordinator().call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
+        if isinstance(reply, messages.ErrorReply):
+            raise CompactionFailed(f"the coordinator could not commit: {reply.message}")
+        if not isinstance(reply, messages.SegmentCommitted):
+            raise CompactionFailed(f"unexpected reply from the coordinator: {reply!r}")
+        if reply.committed or self._committed_record(key, first.base_offset) == segment:
+            self._compacted(key, topic_id, segment)
+            return
+        log.info(
+            "compaction refused; reloading the partition's entries",
+            extra={"topic": key.topic, "partition": key.partition, "reason": reply.error},
+        )
+        current = self._committed_record(key, first.base_offset)
+        if current is None or current.is_chunk:  # nothing refers to what we uploaded
+            self._delete_if_ours(segments.segment_key(self.namespace, *key, first.base_offset), kfs)
+            self._delete_if_ours(segments.index_key(self.namespace, *key, first.base_offset), index)
+        self._reload(key)
+
+    def _upload(
+        self,
+        key: PartitionKey,
+        topic_id: str,
+        chunks: Sequence[SegmentRecord],
+        data: Sequence[bytes],
+        kfs: bytes,
+        index: bytes,
+    ) -> tuple[int, int, int, int]:
+        """Put the segment and its index; how many chunks the segment now under the key holds
+        (ours: all; an earlier attempt's: fewer), its created time, size and index size."""
+        base_offset = chunks[0].base_offset
+        kfs_key = segments.segment_key(self.namespace, *key, base_offset)
+        index_key = segments.index_key(self.namespace, *key, base_offset)
+        count, created_ms = len(chunks), chunks[0].created_ms
+        if not self._put(kfs_key, kfs):
+            existing = self.objects.get(kfs_key)
+            committed = self._committed_record(key, base_offset)
+            if committed is not None and not committed.is_chunk:
+                raise _AlreadyCompacted(committed)  # by an earlier attempt whose answer was lost
+            decision = compact_existing.judge(
+                existing, kfs, chunks, data, self._topic_created_ms(key, topic_id)
+            )
+            if isinstance(decision, compact_existing.Conflict):
+                log.error("not overwriting %s: %s", kfs_key, decision.reason)
+                raise CompactionFailed(f"{kfs_key} holds {decision.reason}")
+            if isinstance(decision, compact_existing.Adopt):
+                count, created_ms, kfs = decision.chunks, decision.created_ms, existing
+                index = segments.rebuild_index(existing)
+            else:
+                log.warning("replacing %s: %s", kfs_key, decision.reason)
+                self.objects.delete(kfs_key)
+                if not self._put(kfs_key, kfs):
+                    raise CompactionFailed(f"{kfs_key} was written again while we replaced it")
+        if not self._put(index_key, index):
+            # our segment is in place and no record refers to the index yet: a leftover
+            log.warning("replacing a leftover index", extra={"key": index_key})
+            self.objects.delete(index_key)
+            if not self._put(index_key, index):
+                raise CompactionFailed(f"{index_key} was written again while we replaced it")
+        return count, created_ms, len(kfs), len(index)
+
+    def _put(self, key: str, data: bytes) -> bool:
+        """Put-if-absent; True if the key now holds ``data`` (created, or ours already)."""
+        started = time.monotonic()
+        try:
+            created = self.objects.put_if_absent(key, data)
+        except ObjectStoreError:
+            metrics.S3_ERRORS.labels("put").inc()
+            raise
+        metrics.S3_PUT_SECONDS.observe(time.monotonic() - started)
+        return created or self.objects.get(key) == data
+
+    def _compacted(self, key: PartitionKey, topic_id: str, segment: SegmentRecord) -> None:
+        self.accumulator.compacted(key, segment)
+        metrics.COMPACTIONS.inc()
+        metrics.COMPACTION_BYTES.inc(segment.size)
+        shard = routing.shard_for(topic_id, key.partition, self._shards)
+        try:
+            self._notify(
+                shard, messages.SegmentsCompacted(key.topic, topic_id, key.partition, segment)
+            )
+        except Exception:  # the shard's reads find the chunks gone and reload: not fatal
+            log.exception("could not tell shard %d of a compaction", shard)
+
+    def _reload(self, key: PartitionKey) -> None:
+        """Replace the partition's entries by the store's."""
+        topic_kv = self.store.get(self.keys.topic(key.topic))
+        kvs = self.store.get_prefix(self.keys.segments(*key))
+        topic = metadata_records.decode_topic(topic_kv.value) if topic_kv is not None else None
+        stored = [metadata_records.decode_segment(kv.value) for kv in kvs]
+        self.accumulator.replace(key, topic.topic_id if topic else None, stored)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _committed_record(self, key: PartitionKey, base_offset: int) -> SegmentRecord | None:
+        kv = self.store.get(self.keys.segment(key.topic, key.partition, base_offset))
+        return metadata_records.decode_segment(kv.value) if kv is not None else None
+
+    def _topic_created_ms(self, key: PartitionKey, topic_id: str) -> int:
+        kv = self.store.get(self.keys.topic(key.topic))
+        topic = metadata_records.decode_topic(kv.value) if kv is not None else None
+        return topic.created_ms if topic is not None and topic.topic_id == topic_id else 0
+
+    def _delete_if_ours(self, key: str, data: bytes) -> None:
+        try:
+            if self.objects.get(key) == data:
+                self.objects.delete(key)
+        except ObjectNotFound:
+            pass
+
+    def _coordinator(self) -> CoordinatorClient:
+        """One client per worker thread (ZeroMQ sockets are not thread-safe)."""
+        client: CoordinatorClient | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._new_client()
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+
+def _split(data: bytes) -> list[memoryview]:
+    """The batches of a chunk (verified when it was committed or loaded)."""
+    view = memoryview(data)
+    out, position = [], 0
+    while position < len(view):
+        if len(view) - position < records.HEADER.size:
+            raise CompactionFailed(f"a chunk ends inside a batch header at {position}")
+        size = records.read_header(view, position).size
+        if size < records.HEADER.size or position + size > len(view):
+            raise CompactionFailed(f"a chunk's batch at {position} does not frame ({size} bytes)")
+        out.append(view[position : position + size])
+        position += size
+    return out
+
+
+def _values(store: MetadataStore, prefix: str) -> list[bytes]:
+    return [kv.value for kv in store.get_prefix(prefix)]
