@@ -6,6 +6,7 @@ a retry after a crash between PUT and commit reuses the objects."""
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -428,3 +429,22 @@ def test_a_deleted_topic_is_forgotten(world: World) -> None:
     world.store.transaction([], [Delete(KEYS.topic("t"))])
     compactor.run_once()
     assert compactor.uncompacted("t", 0) == [] and compactor.held_bytes == 0
+
+
+def test_the_worker_thread_compacts_what_the_flusher_hands_it(world: World) -> None:
+    done = threading.Event()
+
+    def notify(shard: int, message: messages.Message) -> None:
+        assert isinstance(message, messages.SegmentsCompacted)
+        if message.segment.last_offset == 1:
+            done.set()
+
+    compactor = world.compactor()
+    compactor._notify = notify
+    world.cycle({0: 1})  # committed before the start: read from the store
+    compactor.start()
+    world.cycle({0: 1}, to=compactor)
+    assert done.wait(30)
+    compactor.close()
+    entries = world.entries(0)  # one segment, or two if the first was sealed before the second came
+    assert not any(e.is_chunk for e in entries) and entries[-1].last_offset == 1
