@@ -31,7 +31,7 @@ synonym chain (topic, then broker) when asked for.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,9 +159,14 @@ def _broker_table(config: Config) -> dict[str, Described]:
     return table
 
 
+# Settings whose value "auto" the broker resolves: described as resolved (what is in effect).
+_RESOLVED: dict[str, Callable[[Config], Any]] = {"flush_interval_ms": lambda c: c.flush_interval}
+
+
 def _from_setting(config: Config, setting: Setting) -> Described:
     name = setting_name(setting)
-    value = _text(getattr(config, setting.field))
+    resolve = _RESOLVED.get(setting.field)
+    value = _text(resolve(config) if resolve else getattr(config, setting.field))
     default = _text(_default(setting))
     source = _source(config, setting.field)
     synonyms: tuple[Synonym, ...] = (Synonym(name, value, source),)

@@ -194,7 +194,7 @@ def test_describe_configs_of_this_broker() -> None:
         "socket.request.max.bytes": ("104857600", ConfigSource.DEFAULT_CONFIG),
         "listeners": ("PLAINTEXT://127.0.0.1:19092", ConfigSource.STATIC_BROKER_CONFIG),
         "kafscale.compression.codec": ("snappy", ConfigSource.DEFAULT_CONFIG),
-        "kafscale.flush.interval.ms": ("500", ConfigSource.DEFAULT_CONFIG),
+        "kafscale.flush.interval.ms": ("50", ConfigSource.DEFAULT_CONFIG),  # auto, local store
         "kafscale.s3.access.key": (None, ConfigSource.STATIC_BROKER_CONFIG),
         "kafscale.s3.secret.key": (None, ConfigSource.STATIC_BROKER_CONFIG),
     }
