@@ -132,7 +132,7 @@ def p99_check(bounds: dict[str, float]) -> Check:
 # (goal, scenario, client, check)
 GOALS: list[tuple[str, str, str, Check]] = [
     *[
-        (label, scenario, "confluent-kafka", check)
+        (label, scenario, "kafka-tools", check)
         for scenario in COST_SCENARIOS
         for label, check in (
             ("S3 PUTs/s per broker <= 1000/flush-interval-ms + 2 per compacted segment", put_rate),
@@ -255,7 +255,7 @@ def cost_tables(run: dict[str, Any]) -> list[str]:
     """A table per cost scenario that ran: the S3 figures of each KafScale target."""
     out: list[str] = []
     for scenario in COST_SCENARIOS:
-        found = {t: _find(run, scenario, "confluent-kafka", t) for t in TARGETS}
+        found = {t: _find(run, scenario, "kafka-tools", t) for t in TARGETS}
         present = {t: r for t, r in found.items() if r is not None}
         if not present:
             continue

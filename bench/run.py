@@ -4,8 +4,9 @@
     .venv/bin/python -m bench.run produce-acks1-p1 consume-tail --targets kafscale,kafka
     .venv/bin/python -m bench.run --list
 
-(scripts/bench.sh installs what this needs and runs `all`.) Each scenario starts each target
-fresh (see bench/targets.py), drives it with Kafka's own tools (ProducerPerformance,
+(scripts/bench.sh installs what this needs and runs `all`.) The scenarios are here, issue 15's
+(write path v2) in bench/write_path.py, `Bench` in bench/core.py. Each scenario starts each
+target fresh (see bench/targets.py), drives it with Kafka's own tools (ProducerPerformance,
 ConsumerPerformance, EndToEndLatency from kafka-tools) and with a Python client
 (confluent-kafka, bench/python_driver.py), and stops it. While a client runs, the broker's
 processes are sampled (bench/procstats.py): CPU-seconds per GiB moved and peak memory, and for

@@ -369,9 +369,9 @@ def test_cost_goals_and_table() -> None:
         "projected_compaction_puts_per_sec": 1.3,
         "stored_ratio": 0.5,
     }
-    s3 = _result("kafscale-s3", scenario="cost-p300", client="confluent-kafka", extra=extra)
+    s3 = _result("kafscale-s3", scenario="cost-p300", client="kafka-tools", extra=extra)
     no_metrics = {k: v for k, v in extra.items() if k != "compaction_segments_per_sec"}
-    embedded = _result("kafscale", scenario="cost-p300", client="confluent-kafka", extra=no_metrics)
+    embedded = _result("kafscale", scenario="cost-p300", client="kafka-tools", extra=no_metrics)
     lines = goals.write_path_goals(_run_of(embedded, s3))
     puts = next(line for line in lines if "S3 PUTs/s" in line)
     # 4.2 <= 1000/250 + 2 x 0.1 = 4.2: met; without compaction metrics 4.2 > 4.0: missed.
