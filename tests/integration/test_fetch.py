@@ -18,6 +18,7 @@ from kio.index import load_request_schema, load_response_schema
 from kafscale.protocol import codec
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
+from tests.harness.stored import StoredEntry, committed_entries
 
 from .test_produce import high_watermark
 from .wire import Wire
@@ -211,17 +212,35 @@ def test_a_parked_fetch_is_abandoned_when_its_client_goes_away(
         assert [r.value for r in records_of(part.records)] == [b"only"]
 
 
+def stored(broker: Any) -> list[StoredEntry]:
+    return committed_entries(broker.env, "cold", 0)
+
+
 def test_cold_read_from_the_middle_of_a_segment_is_a_ranged_get(
     start_broker: Callable[..., Any],
 ) -> None:
-    env = {"KAFSCALE_FLUSH_INTERVAL_MS": "60000", "KAFSCALE_SEGMENT_BYTES": "4MiB"}
+    env = {
+        "KAFSCALE_FLUSH_INTERVAL_MS": "60000",
+        "KAFSCALE_SEGMENT_BYTES": "4MiB",
+        "KAFSCALE_COMPACTION_MAX_AGE_MS": "1000",
+    }
     broker = start_broker(backends="real", env=env)
     broker.wait_ready()
     values = [b"%05d-" % i + os.urandom(1000) for i in range(3000)]  # ~3.1 MB, one segment
     produce_sequentially(broker.bootstrap, "cold", values)
     with Wire(("127.0.0.1", broker.port)):
         pass
-    assert broker.terminate() == 0  # drains: the buffer becomes one committed segment
+    assert broker.terminate() == 0  # drains: the buffer becomes one committed chunk
+    broker = start_broker(env=broker.env)
+    broker.wait_ready()
+    # a second old, the chunk is compacted into one spec segment (with its .index)
+    deadline = time.monotonic() + 60
+    while [(e.is_chunk, e.record.base_offset, e.record.last_offset) for e in stored(broker)] != [
+        (False, 0, 2999)
+    ]:
+        assert time.monotonic() < deadline, "the chunk was never compacted into one segment"
+        time.sleep(0.5)
+    assert broker.terminate() == 0
     broker = start_broker(env=broker.env)  # caches empty
     broker.wait_ready()
     wait_committed(broker, "cold", 0, 3000)
