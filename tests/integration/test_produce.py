@@ -1,5 +1,5 @@
-"""Real producers write to KafScale; every acknowledged record is read back from the segments
-in the object store with the project's own segment reader."""
+"""Real producers write to KafScale; every acknowledged record is read back from the committed log
+(the metadata's entries, their batches from the object store) with the project's own reader."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from kafscale.metadata.records import Keys
 from kafscale.protocol import codec
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
-from kafscale.storage import open_object_store
-from kafscale.storage import segment as segments
+from tests.harness.stored import committed_codecs, committed_records
 
 from .wire import Wire
 
@@ -33,21 +32,9 @@ def running_broker(request: pytest.FixtureRequest, start_broker: Callable[..., A
 
 
 def stored_records(broker: Any, topic: str, partition: int) -> list[batches.Record]:
-    """Every record of the partition's segments, read from the object store, in order."""
-    config = configuration.load(broker.env)
-    objects = open_object_store(config)
-    try:
-        prefix = segments.segment_prefix(config.s3_namespace, topic, partition)
-        found: list[batches.Record] = []
-        for info in objects.list(prefix):
-            if info.key.endswith(".kfs"):
-                parsed = segments.parse_segment(objects.get(info.key))  # verifies every CRC
-                for span in parsed.batches:
-                    batch = parsed.data[span.position : span.position + span.length]
-                    found.extend(batches.iter_records(batch))
-        return found
-    finally:
-        objects.close()
+    """Every record the partition has committed, read back through the metadata and the object
+    store (segments and write-ahead chunks, every CRC checked), in offset order."""
+    return committed_records(broker.env, topic, partition)
 
 
 def high_watermark(broker: Any, topic: str, partition: int) -> int:
@@ -508,30 +495,18 @@ def test_client_produces_10000_records_with_every_codec(
     header = {"kcat": b"kcat", "confluent-kafka": b"confluent", "kafka-python": b"kafka-python"}
     seen: dict[bytes, int] = {}
     codecs_stored: set[int] = set()
-    config = configuration.load(broker.env)
-    objects = open_object_store(config)
-    try:
-        for partition in range(3):
-            stored = stored_records(broker, "codecs", partition)
-            assert [r.offset for r in stored] == list(range(len(stored)))  # contiguous from 0
-            assert high_watermark(broker, "codecs", partition) == len(stored)
-            for record in stored:
-                assert record.value is not None and record.key is not None
-                assert record.key == b"key-" + record.value.split(b"-")[1]
-                assert record.headers == (("n", header[client]),)
-                seen[record.value] = seen.get(record.value, 0) + 1
-            prefix = segments.segment_prefix(config.s3_namespace, "codecs", partition)
-            for info in objects.list(prefix):
-                if info.key.endswith(".kfs"):
-                    parsed = segments.parse_segment(objects.get(info.key))
-                    for span in parsed.batches:
-                        codecs_stored.add(
-                            segments.read_batch_header(parsed.data, span.position).codec
-                        )
-    finally:
-        objects.close()
+    for partition in range(3):
+        stored = stored_records(broker, "codecs", partition)
+        assert [r.offset for r in stored] == list(range(len(stored)))  # contiguous from 0
+        assert high_watermark(broker, "codecs", partition) == len(stored)
+        for record in stored:
+            assert record.value is not None and record.key is not None
+            assert record.key == b"key-" + record.value.split(b"-")[1]
+            assert record.headers == (("n", header[client]),)
+            seen[record.value] = seen.get(record.value, 0) + 1
+        codecs_stored |= committed_codecs(broker.env, "codecs", partition)
     assert seen == {f"{name}-{i}".encode(): 1 for name in CODECS for i in range(per_codec)}
-    # The codecs the producers compressed with are in the segments as sent (1 gzip, 2 snappy,
+    # The codecs the producers compressed with are in the committed log as sent (1 gzip, 2 snappy,
     # 3 lz4, 4 zstd).
     assert {1, 2, 3, 4} <= codecs_stored
 
@@ -545,20 +520,9 @@ def test_librdkafka_compresses_with_lz4(start_broker: Callable[..., Any], kcat: 
     broker = start_broker(env={"KAFSCALE_COMPRESSION_CODEC": "none"})
     broker.wait_ready()
     _produce_kcat(kcat, broker.bootstrap, "lz4", "lz4", 100)
-    config = configuration.load(broker.env)
-    objects = open_object_store(config)
-    try:
-        deadline = time.monotonic() + 30
-        while high_watermark(broker, "lz4", 0) < 100:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        prefix = segments.segment_prefix(config.s3_namespace, "lz4", 0)
-        stored = set()
-        for info in objects.list(prefix):
-            if info.key.endswith(".kfs"):
-                parsed = segments.parse_segment(objects.get(info.key))
-                for span in parsed.batches:
-                    stored.add(segments.read_batch_header(parsed.data, span.position).codec)
-    finally:
-        objects.close()
+    deadline = time.monotonic() + 30
+    while high_watermark(broker, "lz4", 0) < 100:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    stored = committed_codecs(broker.env, "lz4", 0)
     assert 3 in stored and stored <= {0, 3}, stored
