@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from kafscale import config as configuration
+from kafscale.metadata import open_metadata_store, records
+from kafscale.metadata.records import Keys, SegmentRecord
 from kafscale.protocol.errors import ErrorCode
 from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
@@ -35,7 +37,7 @@ def watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
 
 
 def stored(broker: Any, topic: str) -> list[tuple[int, int]]:
-    """(base offset, size) of the partition's segment objects, in offset order."""
+    """(base offset, size) of the partition's segment objects (``.kfs``), in offset order."""
     config = configuration.load(broker.env)
     objects = open_object_store(config)
     try:
@@ -53,11 +55,41 @@ def stored_bases(broker: Any, topic: str) -> list[int]:
     return [base for base, _ in stored(broker, topic)]
 
 
+def entries(broker: Any, topic: str) -> list[SegmentRecord]:
+    """The partition's log entries (spec segments and chunks) in the metadata store, in offset
+    order (records only: retention may delete a segment's objects at any moment)."""
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    try:
+        prefix = Keys(config.s3_namespace).segments(topic, 0)
+        return [records.decode_segment(kv.value) for kv in store.get_prefix(prefix)]
+    finally:
+        store.close()
+
+
 def create(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=1, config=configs)])[topic].result(20)
+
+
+def alter(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    changes = [
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in configs.items()
+    ]
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=changes)
+    admin.incremental_alter_configs([resource])[resource].result(20)
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
@@ -70,21 +102,38 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) ->
 def test_retention_bytes_deletes_the_oldest_segments(start_broker: Callable[..., Any]) -> None:
     broker = start_broker(backends="real", env=ENV)
     broker.wait_ready()
-    create(broker.bootstrap, "sized", {"retention.bytes": "3000"})
+    create(broker.bootstrap, "sized", {})
     values = [b"v-%03d-" % i + b"x" * 90 for i in range(200)]  # ~20 segments of ~1 KiB
     produce_sequentially(broker.bootstrap, "sized", values)
     wait_until(lambda: watermarks(broker.bootstrap, "sized")[1] == 200, "the high watermark")
+
+    def compacted_below(offset: int) -> bool:
+        """Every entry up to ``offset`` is a spec segment (segment.bytes 1 KiB: chunks are
+        compacted as soon as they fill one)."""
+        found = entries(broker, "sized")
+        upto = [e for e in found if e.base_offset <= offset]
+        return bool(upto) and upto[-1].last_offset >= offset and not any(e.is_chunk for e in upto)
+
+    wait_until(lambda: compacted_below(150), "the oldest chunks to be compacted into segments")
+    before = stored_bases(broker, "sized")
+    alter(broker.bootstrap, "sized", {"retention.bytes": "3000"})
     wait_until(lambda: watermarks(broker.bootstrap, "sized")[0] > 0, "retention")
 
     def at_the_limit() -> bool:
-        sizes = [size for _, size in stored(broker, "sized")]
-        # what is left reaches retention.bytes, and would not without its oldest segment
-        return sum(sizes) >= 3000 > sum(sizes[1:])
+        left = entries(broker, "sized")
+        sizes = [e.size for e in left]
+        # what is left reaches retention.bytes, and would not without its oldest entry; the
+        # objects of the segments it retired are gone, those of the segments left are not
+        return sum(sizes) >= 3000 > sum(sizes[1:]) and stored(broker, "sized") == sorted(
+            (e.base_offset, e.size) for e in left if not e.is_chunk
+        )
 
     wait_until(at_the_limit, "the objects of retired segments to be deleted")
     low, high = watermarks(broker.bootstrap, "sized")
     assert 150 < low < high == 200
-    assert min(stored_bases(broker, "sized")) >= low - 15  # only segments at the log start remain
+    assert entries(broker, "sized")[0].base_offset == low  # the log starts at its first entry
+    retired = [base for base in before if base < low]
+    assert retired and min(stored_bases(broker, "sized"), default=low) >= low
     with Wire(("127.0.0.1", broker.port)) as wire:
         assert fetch(wire, "sized", 0, 0).error_code == ErrorCode.offset_out_of_range
         part = fetch(wire, "sized", 0, low, correlation_id=2)
