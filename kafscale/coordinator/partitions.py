@@ -10,8 +10,8 @@ the committed log never has a gap or an overlap:
   key it put), so a commit costs no reads; a transaction whose compares fail is re-planned once
   from fresh reads, and a refusal decided from cached records is checked against fresh ones
   before it is answered. The first transaction to succeed holds the object's ``WalRecord``.
-- ``CommitSegment``: one uploaded segment (the per-partition flush), until every flusher sends
-  objects.
+- ``CommitSegment``: one spec segment at the high watermark: what ``kafscale.shards.recovery``
+  adopts when a previous version's flusher uploaded a segment and crashed before committing it.
 
 ``high_watermarks`` follows every commit (the groups read it for lag); ``refs``, when given, hears
 of every reference to a write-ahead object that a commit adds (``compactions`` replaces them).
