@@ -1,6 +1,6 @@
 """Commits of partitions' logs: the high watermark, producer state and entries move together.
 
-Three requests, each made of compare-and-set transactions over the topic record (the topic was
+Two requests, each made of compare-and-set transactions over the topic record (the topic was
 not deleted or re-created meanwhile) and the partition record (no other commit got in first), so
 the committed log never has a gap or an overlap:
 
