@@ -9,7 +9,10 @@ that has no ``WalRecord``:
   never deleted, never committed;
 - an entry whose base offset is exactly its partition's committed high watermark (or follows
   the entry adopted just before it, in this or an earlier orphan), in a topic of the same topic
-  id, is **adopted**: committed through the coordinator with one ``CommitObject`` per object;
+  id, is **adopted**: committed through the coordinator with one ``CommitObject`` per object,
+  with the partition's producer state rebuilt from its batches' headers (producer id, epoch,
+  sequences; as Kafka rebuilds it from the log), so an idempotent producer that retries a batch
+  adopted here is answered as a duplicate, not written twice;
 - an object of which nothing was written (no ``WalRecord`` after its adoption, or nothing
   adoptable) is deleted: its entries are committed already (the shards re-offered them) or
   belong to a deleted topic, and no record references it.
@@ -20,11 +23,6 @@ commits its partitions and it is not serving yet, so an entry not at the high wa
 will be: deleting the object loses nothing. A commit that fails (the coordinator or the store
 down) stops recovery without deleting anything: later orphans may build on the failed one, and
 the next flusher boot tries again.
-
-The producer state of adopted data is unknown (the object holds batches, not the shard's
-idempotence state): a partition keeps its committed producer state, so an idempotent producer
-whose batches were adopted may get OUT_OF_ORDER_SEQUENCE_NUMBER or write a duplicate -- only
-across a whole-pod crash, where it would otherwise have lost the data.
 """
 
 from __future__ import annotations
@@ -43,9 +41,12 @@ from kafscale.ipc.rpc import Bulk, Reply, RpcError
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, SegmentRecord, WalRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
+from kafscale.protocol.records import BatchHeader
+from kafscale.shards.producers import ProducerStates
 from kafscale.storage import wal
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.segment import read_batch_header
 from kafscale.storage.wal import CorruptObject, DirectoryEntry
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,14 @@ class Coordinator(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Orphan:
-    """An uploaded object without a WalRecord, as read and verified."""
+    """An uploaded object without a WalRecord, as read and verified: its directory entries and,
+    for each (same order), the headers of its chunk's batches."""
 
     key: str
     size: int
     created_ms: int
     entries: tuple[DirectoryEntry, ...]
+    batches: tuple[tuple[BatchHeader, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,63 +84,75 @@ class Committed:
     producers: messages.Producers
 
 
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """An entry to adopt and its partition's producer state once it is committed."""
+
+    entry: DirectoryEntry
+    producers: messages.Producers
+
+
 def plan_adoption(
     orphans: Iterable[Orphan], partitions: Mapping[PartitionId, Committed]
-) -> list[tuple[Orphan, list[DirectoryEntry]]]:
+) -> list[tuple[Orphan, list[Adoption]]]:
     """Each orphan, oldest first, with the entries it adopts: those starting exactly where the
-    partition's log ends, counting what earlier orphans adopt."""
+    partition's log ends, counting what earlier orphans adopt. Each adoption carries the
+    partition's committed producer state with the batches of every entry adopted so far."""
     ends = {partition: state.high_watermark for partition, state in partitions.items()}
+    producers: dict[PartitionId, ProducerStates] = {}
     plan = []
     for orphan in sorted(orphans, key=lambda o: (o.created_ms, o.key)):
         adopted = []
-        for entry in orphan.entries:
+        for entry, headers in zip(orphan.entries, orphan.batches, strict=True):
             partition = (entry.topic, entry.partition)
             state = partitions.get(partition)
             if state is None or state.topic_id != entry.topic_id:
                 continue
             if ends[partition] == entry.base_offset:
-                adopted.append(entry)
+                states = producers.setdefault(partition, ProducerStates.restore(state.producers))
+                for header in headers:
+                    states.record_batch(header)
+                adopted.append(Adoption(entry, states.snapshot()))
                 ends[partition] = entry.last_offset + 1
         plan.append((orphan, adopted))
     return plan
 
 
 def commit_request(
-    orphan: Orphan,
-    adopted: Sequence[DirectoryEntry],
-    partitions: Mapping[PartitionId, Committed],
-    broker_id: int,
+    orphan: Orphan, adopted: Sequence[Adoption], broker_id: int
 ) -> messages.CommitObject:
     """The ``CommitObject`` that adopts ``adopted`` of ``orphan``."""
-    chunks = [
-        messages.ObjectChunk(
-            topic=entry.topic,
-            topic_id=entry.topic_id,
-            partition=entry.partition,
-            chunk=SegmentRecord(
-                base_offset=entry.base_offset,
-                last_offset=entry.last_offset,
-                size=entry.size,
-                index_size=0,
-                records=entry.records,
-                max_timestamp=entry.max_timestamp,
-                created_ms=entry.created_ms,
-                object=orphan.key,
-                position=entry.position,
-                codec=entry.codec,
-            ),
-            producers=partitions[(entry.topic, entry.partition)].producers,
-        )
-        for entry in adopted
-    ]
+    chunks = [_chunk(orphan.key, adoption) for adoption in adopted]
     record = WalRecord(
         key=orphan.key,
         size=orphan.size,
         created_ms=orphan.created_ms,
         broker_id=broker_id,
-        entries=[(e.topic, e.partition, e.base_offset) for e in adopted],
+        entries=[(c.topic, c.partition, c.chunk.base_offset) for c in chunks],
     )
     return messages.CommitObject(wal=record, chunks=chunks, owner=broker_id, leader_epoch=0)
+
+
+def _chunk(key: str, adoption: Adoption) -> messages.ObjectChunk:
+    entry = adoption.entry
+    return messages.ObjectChunk(
+        topic=entry.topic,
+        topic_id=entry.topic_id,
+        partition=entry.partition,
+        chunk=SegmentRecord(
+            base_offset=entry.base_offset,
+            last_offset=entry.last_offset,
+            size=entry.size,
+            index_size=0,
+            records=entry.records,
+            max_timestamp=entry.max_timestamp,
+            created_ms=entry.created_ms,
+            object=key,
+            position=entry.position,
+            codec=entry.codec,
+        ),
+        producers=adoption.producers,
+    )
 
 
 def adopt_orphans(
@@ -183,7 +198,7 @@ class _Recovery:
         plan = plan_adoption(orphans, partitions)
         for orphan, adopted in plan:
             if adopted:
-                self._commit(orphan, adopted, partitions)
+                self._commit(orphan, adopted)
         for orphan, _ in plan:
             self._delete_unless_recorded(orphan)
 
@@ -205,7 +220,8 @@ class _Recovery:
         except CorruptObject as exc:
             self.faults.report(key, f"uncommitted WAL object is corrupt, left alone: {exc}")
             return None
-        return Orphan(key, parsed.size, parsed.header.created_ms, parsed.entries)
+        batches = tuple(_batch_headers(chunk) for chunk in parsed.chunks)
+        return Orphan(key, parsed.size, parsed.header.created_ms, parsed.entries, batches)
 
     def _partitions(self, wanted: set[PartitionId]) -> dict[PartitionId, Committed]:
         """The committed state of each partition in ``wanted`` whose topic exists with the
@@ -239,15 +255,10 @@ class _Recovery:
             self.faults.report(kv.key, f"topic record does not decode: {exc}")
             return None
 
-    def _commit(
-        self,
-        orphan: Orphan,
-        adopted: list[DirectoryEntry],
-        partitions: Mapping[PartitionId, Committed],
-    ) -> None:
+    def _commit(self, orphan: Orphan, adopted: list[Adoption]) -> None:
         """Commit the adoption (the coordinator records the object if any entry was written).
         Raises CommitFailed."""
-        request = commit_request(orphan, adopted, partitions, self.broker_id)
+        request = commit_request(orphan, adopted, self.broker_id)
         reply = self.coordinator.call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
         if not isinstance(reply, messages.ObjectCommitResult):
             error = reply.message if isinstance(reply, messages.ErrorReply) else repr(reply)
@@ -263,8 +274,8 @@ class _Recovery:
         fields = {"key": orphan.key, "adopted": committed, "refused": refused}
         if committed:
             log.warning(
-                "adopted an uncommitted WAL object: its data is committed, its producers' "
-                "idempotence state is unknown (the partitions keep their committed one)",
+                "adopted an uncommitted WAL object: its data is committed, with the producer "
+                "state its batches carry",
                 extra=fields,
             )
         else:
@@ -281,3 +292,14 @@ class _Recovery:
             "deleted an uncommitted WAL object: nothing in it was adoptable",
             extra={"key": orphan.key, "entries": len(orphan.entries)},
         )
+
+
+def _batch_headers(chunk: memoryview) -> tuple[BatchHeader, ...]:
+    """The headers of a chunk's batches (``wal.parse_object`` checked that they frame it)."""
+    headers = []
+    at = 0
+    while at < len(chunk):
+        header = read_batch_header(chunk, at)
+        headers.append(header)
+        at += header.size
+    return tuple(headers)

@@ -21,6 +21,9 @@ from kafscale.ipc.rpc import Bulk, Reply
 from kafscale.metadata import open_metadata_store, records
 from kafscale.metadata.records import Keys, PartitionRecord, TopicRecord, WalRecord
 from kafscale.metadata.store import MetadataStore
+from kafscale.protocol import records as batches
+from kafscale.protocol.records import BatchHeader
+from kafscale.shards.producers import BatchMetadata, ProducerStates, Verdict
 from kafscale.storage import open_object_store, wal
 from kafscale.storage.objects import ObjectStore
 from kafscale.storage.wal import ChunkInput, DirectoryEntry
@@ -103,6 +106,9 @@ class Broker:
         created_ms: int,
         chunks: list[tuple[str, int, int, int]],  # topic, partition, base offset, records
         broker_id: int = 0,
+        batches_of: Callable[[int, int], list[bytes]] = lambda base, count: make_batches(
+            base, [count]
+        ),
     ) -> str:
         key = wal.object_key(NS, broker_id, token, seq)
         inputs = [
@@ -116,7 +122,7 @@ class Broker:
                 max_timestamp=created_ms,
                 codec=0,
                 created_ms=created_ms,
-                batches=make_batches(base, [count]),
+                batches=batches_of(base, count),
             )
             for topic, partition, base, count in chunks
         ]
@@ -159,21 +165,68 @@ def entry(
     )
 
 
+def header(base: int, count: int, producer_id: int = -1, sequence: int = -1) -> BatchHeader:
+    """The header of a batch of ``count`` records at ``base`` (epoch 0 if idempotent)."""
+    values = [(None, b"v", (), 1000 + i) for i in range(count)]
+    epoch = 0 if producer_id >= 0 else -1
+    batch = batches.build_batch(
+        values,
+        base_offset=base,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+    )
+    return batches.read_header(batch)
+
+
+def orphan(key: str, created_ms: int, *entries: DirectoryEntry) -> Orphan:
+    """An orphan whose chunks hold one non-idempotent batch each."""
+    headers = tuple((header(e.base_offset, e.records),) for e in entries)
+    return Orphan(key, 1, created_ms, entries, headers)
+
+
 def test_the_plan_adopts_runs_from_the_high_watermark_across_orphans() -> None:
     committed = {("o", 0): Committed(ORDERS, 10, {}), ("o", 1): Committed(ORDERS, 0, {})}
-    newer = Orphan("b", 1, 200, (entry("o", 0, 15, 5), entry("o", 1, 0, 3)))
-    older = Orphan("c", 1, 100, (entry("o", 0, 10, 3), entry("o", 0, 13, 2), entry("o", 1, 9, 1)))
-    gone = Orphan(
-        "a", 1, 300, (entry("gone", 0, 0, 1), entry("o", 0, 20, 1, str(uuid.UUID(int=9))))
-    )
+    newer = orphan("b", 200, entry("o", 0, 15, 5), entry("o", 1, 0, 3))
+    older = orphan("c", 100, entry("o", 0, 10, 3), entry("o", 0, 13, 2), entry("o", 1, 9, 1))
+    gone = orphan("a", 300, entry("gone", 0, 0, 1), entry("o", 0, 20, 1, str(uuid.UUID(int=9))))
     plan = plan_adoption([newer, gone, older], committed)
     assert [
-        (orphan.key, [(e.partition, e.base_offset) for e in adopted]) for orphan, adopted in plan
+        (orphan.key, [(a.entry.partition, a.entry.base_offset) for a in adopted])
+        for orphan, adopted in plan
     ] == [
         ("c", [(0, 10), (0, 13)]),  # o-1@9 is not at o-1's high watermark 0
         ("b", [(0, 15), (1, 0)]),
         ("a", []),  # an unknown topic; a topic id that is not the topic's
     ]
+    assert all(a.producers == {} for _, adopted in plan for a in adopted)
+
+
+def test_the_plan_rebuilds_producer_state_from_the_adopted_batches() -> None:
+    """Each adoption carries the partition's producer state with the batches of every entry
+    adopted before it (in this and older orphans): what the shards load, so a producer
+    retrying an adopted batch is answered as a duplicate."""
+    committed = {("o", 0): Committed(ORDERS, 10, {7: (0, 5, [(0, 9, 0, 9)])})}
+    first = entry("o", 0, 10, 5)
+    second = entry("o", 0, 15, 3)
+    skipped = entry("o", 0, 40, 1)  # not at the high watermark: its batches do not count
+    older = Orphan(
+        "a",
+        1,
+        100,
+        (first, skipped),
+        ((header(10, 2, 7, 10), header(12, 3, 8, 0)), (header(40, 1, 7, 99),)),
+    )
+    newer = Orphan("b", 1, 200, (second,), ((header(15, 3, 7, 12),),))
+    [(_, [one]), (_, [two])] = plan_adoption([newer, older], committed)
+    assert one.producers == {
+        7: (0, 1001, [(0, 9, 0, 9), (10, 11, 10, 11)]),
+        8: (0, 1002, [(0, 2, 12, 14)]),
+    }
+    assert two.producers == {
+        7: (0, 1002, [(0, 9, 0, 9), (10, 11, 10, 11), (12, 14, 15, 17)]),
+        8: (0, 1002, [(0, 2, 12, 14)]),
+    }
 
 
 # -- adopt_orphans -------------------------------------------------------------------------------
@@ -216,7 +269,7 @@ def test_entries_at_the_high_watermark_are_adopted_with_one_commit(
     )
     assert [broker.high_watermark("orders", p) for p in range(3)] == [17, 10, 11]
     assert broker.exists(key)
-    assert any("idempotence state is unknown" in r.getMessage() for r in caplog.records)
+    assert any("with the producer state its batches" in r.getMessage() for r in caplog.records)
 
 
 def test_an_object_with_nothing_to_adopt_is_deleted(broker: Broker) -> None:
@@ -308,3 +361,31 @@ def test_an_object_whose_entries_were_committed_meanwhile_is_deleted(broker: Bro
     assert len(broker.coordinator.requests) == 1  # answered committed, nothing written
     assert broker.wal_record(key) is None
     assert not broker.exists(key)
+
+
+def test_adopted_batches_bring_their_producer_state_into_the_partition(broker: Broker) -> None:
+    """A whole-pod crash after the upload: the producer never heard, and retries its batches at
+    the next broker; the partition's producer state says they are written (duplicates)."""
+    broker.topic("orders", ORDERS, 1, high_watermark=5)  # PRODUCERS: producer 7 wrote 0..4
+
+    def idempotent(base: int, count: int) -> list[bytes]:
+        values = [(None, b"v%d" % (base + i), (), 2000) for i in range(count)]
+        sequence = base  # producer 7's sequences run with the offsets here
+        return [
+            batches.build_batch(
+                values, base_offset=base, producer_id=7, producer_epoch=0, base_sequence=sequence
+            )
+        ]
+
+    broker.upload(OLD_TOKEN, 0, 1000, [("orders", 0, 5, 3)], batches_of=idempotent)
+    broker.upload(OLD_TOKEN, 1, 1001, [("orders", 0, 8, 2)], batches_of=idempotent)
+    broker.recover()
+    assert broker.high_watermark("orders", 0) == 10
+    kv = broker.store.get(broker.keys.partition("orders", 0))
+    assert kv is not None
+    producers = ProducerStates.restore(records.decode_partition(kv.value).producers)
+    retried = producers.check(7, 0, 5, 2)  # the batch of the first orphan, sent again
+    assert retried.verdict == Verdict.DUPLICATE
+    assert retried.duplicate_of == BatchMetadata(5, 7, 5, 7)
+    assert producers.check(7, 0, 8, 1).verdict == Verdict.DUPLICATE
+    assert producers.check(7, 0, 10, 0).verdict == Verdict.APPEND
