@@ -182,7 +182,8 @@ class FlushedAll(Message, frozen=True):
 #   flusher -> shard   ObjectCommitted (notice)       the outcome of each entry of a cycle
 #   flusher -> coord.  CommitObject -> ObjectCommitResult
 #   flusher -> coord.  CommitCompaction -> SegmentCommitted
-#   flusher -> shard   SegmentsCompacted (notice)     chunks replaced by a spec segment
+#   flusher -> coord.  CommitMerge -> MergeCommitted  runs of many partitions moved to one object
+#   flusher -> shard   SegmentsCompacted (notice)     chunks replaced by a segment or merged chunk
 
 Producers = dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]  # ProducerStates.snapshot
 
@@ -286,7 +287,8 @@ class ObjectCommitResult(Message, frozen=True):
 
 class CommitCompaction(Message, frozen=True):
     """Replace the partition's entries from ``first_base`` through ``last_offset`` (chunks) by
-    ``segment``, uploaded at its spec keys; refused if the entry at ``first_base`` changed."""
+    ``segment``: a spec segment uploaded at its spec keys, or a chunk of a merged write-ahead
+    object whose ``WalRecord`` exists; refused if the entry at ``first_base`` changed."""
 
     topic: str
     topic_id: str
@@ -296,8 +298,22 @@ class CommitCompaction(Message, frozen=True):
     segment: SegmentRecord
 
 
+class CommitMerge(Message, frozen=True):
+    """The merge level of compaction: put ``wal`` (a merged write-ahead object, uploaded), then
+    per run replace the partition's chunks ``first_base..last_offset`` by ``run.segment``, the
+    chunk of ``wal.key`` holding the same batches. Each run is committed or refused alone."""
+
+    wal: WalRecord
+    runs: list[CommitCompaction]
+
+
+class MergeCommitted(Message, frozen=True):
+    results: list[SegmentCommitted]  # one per ``CommitMerge.runs``, same order
+
+
 class SegmentsCompacted(Message, frozen=True):
-    """The partition's entries covered by ``segment`` are now that spec segment."""
+    """The partition's entries covered by ``segment`` are now that entry (a spec segment, or a
+    chunk of a merged write-ahead object)."""
 
     topic: str
     topic_id: str
@@ -679,6 +695,8 @@ AnyMessage = (
     | CommitObject
     | ObjectCommitResult
     | CommitCompaction
+    | CommitMerge
+    | MergeCommitted
     | SegmentsCompacted
 )
 

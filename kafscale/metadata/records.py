@@ -102,6 +102,7 @@ class WalRecord(msgspec.Struct, frozen=True):
     created_ms: int
     broker_id: int
     entries: list[tuple[str, int, int]] = msgspec.field(default_factory=list)
+    merged: bool = False  # written by the compactor's merge level: its chunks are read by range
 
 
 class MemberRecord(msgspec.Struct, frozen=True):
