@@ -2,7 +2,7 @@
 
 The Java producer with its default settings (idempotence on, acks=all, retries) writes while a
 shard, the flusher, or the whole broker is killed; the broker (or the supervisor) brings it back.
-Afterwards every record the producer got acknowledged is in the segments exactly once, with
+Afterwards every record the producer got acknowledged is in the committed log exactly once, with
 contiguous offsets, and the producer carried on by itself.
 """
 
@@ -18,8 +18,9 @@ import pytest
 
 from tests.harness.clients import JVM_FLAGS, PROBE_MAIN
 from tests.harness.procs import wait_until
+from tests.harness.stored import committed_records
 
-from .test_produce import high_watermark, stored_records
+from .test_produce import high_watermark
 from .test_supervision import roles
 
 pytestmark = [pytest.mark.integration, pytest.mark.java]
@@ -105,7 +106,7 @@ def test_sigkill_under_acks_all_load_loses_nothing(
         assert f'"count":{PER_ROUND}' in stdout.replace(" ", "")
     seen: dict[bytes, int] = {}
     for partition in range(PARTITIONS):
-        stored = stored_records(broker, "crash", partition)
+        stored = committed_records(broker.env, "crash", partition)
         assert [r.offset for r in stored] == list(range(len(stored)))
         for record in stored:
             assert record.value is not None
