@@ -14,8 +14,8 @@ from kio.index import load_request_schema, load_response_schema
 from kafscale.protocol import codec
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
+from tests.harness.stored import committed_records
 
-from .test_produce import stored_records
 from .wire import Wire
 
 pytestmark = pytest.mark.integration
@@ -90,6 +90,6 @@ def test_produce_is_refused_while_s3_is_down_and_resumes_after(
                 break
             assert error.retriable and time.monotonic() < deadline, error
             time.sleep(0.2)
-    stored = [r.value for r in stored_records(broker, "outage", 0)]
+    stored = [r.value for r in committed_records(broker.env, "outage", 0)]
     assert [r for r in stored if r in acknowledged] == acknowledged  # each once, in order
     assert len(stored) == len(set(stored))
