@@ -1,12 +1,13 @@
 """Spark (local mode) reads topics straight from their segments: records produced by a real
-client through a real broker, read back by ``spark.read.format("kafscale")`` from the embedded
-data directory, and from MinIO with etcd."""
+client through a real broker, compacted into spec segments, read back by
+``spark.read.format("kafscale")`` from the embedded data directory, and from MinIO with etcd."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,11 +19,10 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafscale import config as configuration
-from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
 from tests.harness.paths import ROOT
 from tests.harness.s3_proxy import RecordingS3Proxy
+from tests.harness.stored import committed_codecs, committed_entries
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +32,13 @@ RECORDS = 3000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 STEP_MS = 10_000  # record i has timestamp T0 + i * STEP_MS: about 8 hours in all
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-# small segments: each partition's ~300 KiB becomes a few dozen segments
+# small segments: each partition's ~110 KiB (as stored: most batches arrive compressed) becomes
+# a dozen segments or more
 BROKER_ENV = {
-    "KAFSCALE_SEGMENT_BYTES": "16KiB",
+    "KAFSCALE_SEGMENT_BYTES": "8KiB",
     "KAFSCALE_COMPRESSION_CODEC": "none",  # batches sent uncompressed stay so
     "KAFSCALE_FLUSH_INTERVAL_MS": "100",
+    "KAFSCALE_COMPACTION_MAX_AGE_MS": "1000",  # no chunk stays uncompacted for long
 }
 CHUNK = 300  # records produced (and flushed, acks=all) at a time
 
@@ -83,9 +85,11 @@ def record(i: int) -> Produced:
     return Produced(key, value, headers, T0 + i * STEP_MS)
 
 
-def produce(bootstrap: str) -> dict[tuple[int, int], Produced]:
+def produce(broker: Any) -> dict[tuple[int, int], Produced]:
     """RECORDS records over 3 partitions by 5 producers, one per codec: (partition, offset) ->
-    record, from the delivery reports (acks=all)."""
+    record, from the delivery reports (acks=all). Returns once every record is in a spec
+    segment (``wait_compacted``)."""
+    bootstrap = broker.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
         future.result(timeout=30)
@@ -129,7 +133,24 @@ def produce(bootstrap: str) -> dict[tuple[int, int], Produced]:
                 raise KafkaException(f"{producer} did not deliver everything in 60 s")
     assert not failures, failures[:5]
     assert len(placed) == RECORDS
+    wait_compacted(
+        broker, {p: 1 + max(o for (q, o) in placed if q == p) for p in range(PARTITIONS)}
+    )
     return placed
+
+
+def wait_compacted(broker: Any, ends: dict[int, int], timeout: float = 60) -> None:
+    """Wait until each partition's log, up to offset ``ends[p]``, is spec segments only (chunks
+    are compacted once a second old: KAFSCALE_COMPACTION_MAX_AGE_MS)."""
+    deadline = time.monotonic() + timeout
+    for partition, end in ends.items():
+        while True:
+            entries = committed_entries(broker.env, TOPIC, partition)
+            chunks = [entry for entry in entries if entry.is_chunk]
+            if entries and entries[-1].record.last_offset == end - 1 and not chunks:
+                break
+            assert time.monotonic() < deadline, f"partition {partition} still has chunks"
+            time.sleep(0.5)
 
 
 def read_options(broker: Any, **extra: str) -> dict[str, str]:
@@ -179,7 +200,7 @@ def loaded(
     backends = "embedded" if request.param == "embedded" else "real"
     broker = start_broker(env=BROKER_ENV, backends=backends)
     broker.wait_ready()
-    return broker, produce(broker.bootstrap)
+    return broker, produce(broker)
 
 
 def test_spark_reads_back_every_record_per_offset(spark: Any, loaded: Any, request: Any) -> None:
@@ -200,7 +221,8 @@ def test_spark_reads_back_every_record_per_offset(spark: Any, loaded: Any, reque
     assert segment_count >= 30, "the topic should span many segments"
     # one input partition per segment (none is larger than splitBytes)
     assert df.rdd.getNumPartitions() == segment_count
-    assert stored_codecs(broker) == {0, 1, 2, 3, 4}  # none, gzip, snappy, lz4, zstd
+    codecs = set().union(*(committed_codecs(broker.env, TOPIC, p) for p in range(PARTITIONS)))
+    assert codecs == {0, 1, 2, 3, 4}  # none, gzip, snappy, lz4, zstd, as the producers sent them
     rows = df.collect()
     assert len(rows) == RECORDS
     by_partition: dict[int, list[int]] = {}
@@ -221,24 +243,6 @@ def test_spark_reads_back_every_record_per_offset(spark: Any, loaded: Any, reque
         assert sorted((r.partition, r.offset, r.value) for r in listed) == sorted(
             (r.partition, r.offset, r.value) for r in rows
         )
-
-
-def stored_codecs(broker: Any) -> set[int]:
-    """The codecs of the batches in the topic's segments, as the producers sent them."""
-    config = configuration.load(broker.env)
-    objects = open_object_store(config)
-    found = set()
-    try:
-        for partition in range(PARTITIONS):
-            prefix = segments.segment_prefix(config.s3_namespace, TOPIC, partition)
-            for info in objects.list(prefix):
-                if info.key.endswith(".kfs"):
-                    parsed = segments.parse_segment(objects.get(info.key))
-                    for span in parsed.batches:
-                        found.add(segments.read_batch_header(parsed.data, span.position).codec)
-    finally:
-        objects.close()
-    return found
 
 
 def expected_between(
@@ -285,7 +289,7 @@ def test_segments_outside_the_bounds_are_never_downloaded(
 ) -> None:
     broker = start_broker(env=BROKER_ENV, backends="real")
     broker.wait_ready()
-    produced = produce(broker.bootstrap)
+    produced = produce(broker)
     proxy = RecordingS3Proxy(s3_server.endpoint_url)
     try:
         bases = {p: segment_bases(broker, s3_server, p) for p in range(PARTITIONS)}
@@ -349,7 +353,7 @@ def _segments_read(requests: list[Any]) -> dict[int, set[int]]:
 def test_a_corrupt_segment_fails_the_job_naming_the_object(spark: Any, start_broker: Any) -> None:
     broker = start_broker(env=BROKER_ENV)
     broker.wait_ready()
-    produce(broker.bootstrap)
+    produce(broker)
     root = Path(broker.env["KAFSCALE_DATA_DIR"]) / "segments"
     victim = sorted((root / "default" / TOPIC / "1").glob("*.kfs"))[2]
     data = bytearray(victim.read_bytes())
@@ -365,7 +369,7 @@ def test_a_corrupt_segment_fails_the_job_naming_the_object(spark: Any, start_bro
 def test_the_example_pipeline_writes_hourly_parquet(start_broker: Any, tmp_path: Path) -> None:
     broker = start_broker(env=BROKER_ENV)
     broker.wait_ready()
-    produced = produce(broker.bootstrap)
+    produced = produce(broker)
     out = tmp_path / "hourly"
     script = ROOT / "examples" / "hourly_parquet.py"
     result = subprocess.run(
