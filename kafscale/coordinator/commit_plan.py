@@ -308,9 +308,10 @@ def _sizes(compares: list[Compare], puts: list[Put]) -> int:
 def compaction_refusal(request: CommitCompaction, replaced: Sequence[SegmentRecord]) -> str | None:
     """Why ``request`` cannot replace ``replaced`` (the partition's entries whose base offsets
     lie in ``first_base..last_offset``, in offset order), or None: they must be chunks covering
-    exactly that range, contiguously, and the segment must be a spec segment of that range."""
+    exactly that range, contiguously, and the segment (a spec segment, or a chunk of a merged
+    object) must hold that range."""
     segment, first, last = request.segment, request.first_base, request.last_offset
-    if segment.is_chunk or (segment.base_offset, segment.last_offset) != (first, last):
+    if (segment.base_offset, segment.last_offset) != (first, last):
         return (
             f"the segment holds {segment.base_offset}..{segment.last_offset}, not {first}..{last}"
         )

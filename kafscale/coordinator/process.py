@@ -66,7 +66,7 @@ def run(ctx: ChildContext) -> None:
         limits = Limits(config.metadata_max_txn_ops, config.metadata_max_txn_bytes)
         committer = PartitionCommitter(store, config.s3_namespace, limits, refs=refs)
         compactions = CompactionCommitter(
-            store, config.s3_namespace, committer.high_watermark, refs=refs
+            store, config.s3_namespace, committer.high_watermark, refs=refs, limits=limits
         )
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
@@ -107,6 +107,7 @@ def run(ctx: ChildContext) -> None:
                         messages.CommitSegment: committer.handle,
                         messages.CommitObject: committer.handle_object,
                         messages.CommitCompaction: compactions.handle,
+                        messages.CommitMerge: compactions.handle_merge,
                         messages.AllocateProducerId: producer_ids.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),

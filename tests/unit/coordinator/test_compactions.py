@@ -6,9 +6,10 @@ import uuid
 
 from kafscale.coordinator.commit_plan import Limits, compaction_refusal
 from kafscale.coordinator.compactions import CompactionCommitter
-from kafscale.ipc.messages import CommitCompaction, DeleteTopics, SegmentCommitted
+from kafscale.ipc.messages import CommitCompaction, CommitMerge, DeleteTopics, SegmentCommitted
 from kafscale.metadata import records
-from kafscale.metadata.records import SegmentRecord
+from kafscale.metadata.records import SegmentRecord, WalRecord
+from kafscale.storage import wal
 from tests.unit.coordinator.test_object_commits import (
     KEYS,
     Setup,
@@ -126,7 +127,8 @@ def test_compaction_refusal() -> None:
     run = [chunk(0, 4), chunk(5, 5), chunk(6, 9)]
     assert compaction_refusal(request(0, 9), run) is None
     assert "not 0..9" in (compaction_refusal(request(0, 9, spec_segment(0, 8)), run) or "")
-    assert "not 0..9" in (compaction_refusal(request(0, 9, chunk(0, 9)), run) or "")
+    assert compaction_refusal(request(0, 9, chunk(0, 9)), run) is None  # a merged chunk
+    assert "not 0..9" in (compaction_refusal(request(0, 9, chunk(0, 8)), run) or "")
     assert "no entry starts at 0" in (compaction_refusal(request(0, 9), []) or "")
     assert "no entry starts at 0" in (compaction_refusal(request(0, 9), run[1:]) or "")
     gap = [chunk(0, 4), chunk(6, 9)]
@@ -134,3 +136,122 @@ def test_compaction_refusal() -> None:
     assert "end at 9, not 8" in (compaction_refusal(request(0, 8), run) or "")
     mixed = [chunk(0, 4), spec_segment(5, 9)]
     assert "is a segment" in (compaction_refusal(request(0, 9), mixed) or "")
+
+
+# -- the merge level ----------------------------------------------------------------------------
+
+MERGED = object_key(1000)
+
+
+def merged_chunk(base: int, last: int, position: int = 32) -> SegmentRecord:
+    return SegmentRecord(
+        base, last, 10 * (last - base + 1), 0, last - base + 1, 7, 8, MERGED, position
+    )
+
+
+def merge_run(setup: Setup, partition: int, base: int, last: int) -> CommitCompaction:
+    return CommitCompaction(
+        "t", setup.topic_ids["t"], partition, base, last, merged_chunk(base, last, 32 + partition)
+    )
+
+
+def merge_request(runs: list[CommitCompaction]) -> CommitMerge:
+    entries = [(run.topic, run.partition, run.first_base) for run in runs]
+    return CommitMerge(WalRecord(MERGED, 1 << 20, 5, 1, entries, merged=True), runs)
+
+
+def partition_entries(setup: Setup, partition: int) -> list[tuple[int, int, str]]:
+    found = setup.store.store.get_prefix(KEYS.segments("t", partition))
+    decoded = [records.decode_segment(kv.value) for kv in found]
+    return [(s.base_offset, s.last_offset, s.object) for s in decoded]
+
+
+def test_runs_of_many_partitions_merge_into_one_object(setup: Setup) -> None:
+    """Every partition's first 5 chunks (of 10, over two objects) become one chunk of the merged
+    object; its WalRecord goes first, alone; the runs fill transactions within the limits."""
+    partitions = setup.make(Limits(max_ops=100_000, max_bytes=1 << 30))
+    for seq in range(2):
+        spans = [("t", p, base, base) for p in range(100) for base in range(seq * 5, seq * 5 + 5)]
+        assert all(
+            r.committed for r in partitions.commit_object(commit_request(setup, seq, spans)).results
+        )
+    compactions = CompactionCommitter(
+        setup.store,
+        "ns",
+        partitions.high_watermark,
+        setup.refs,
+        Limits(max_ops=40, max_bytes=1 << 20),
+    )
+    setup.store.transactions = []
+    runs = [merge_run(setup, p, 0, 4) for p in range(100)]
+    result = compactions.commit_merge(merge_request(runs))
+    assert result.results == [SegmentCommitted(True, 10)] * 100
+    # the WalRecord alone, then 20 runs per transaction: 1 topic + 20 first-chunk compares, 40 ops
+    assert setup.store.transactions == [(1, 1)] + [(21, 40)] * 5
+    assert partition_entries(setup, 7) == [(0, 4, MERGED)] + [
+        (b, b, object_key(1)) for b in range(5, 10)
+    ]
+    assert setup.refs.counts[MERGED] == 100
+    assert setup.refs.counts[object_key(0)] == 0 and setup.refs.counts[object_key(1)] == 500
+    stored = setup.store.store.get(KEYS.wal_object(wal.object_name(MERGED)))
+    assert stored is not None and records.decode_wal(stored.value).merged
+
+    # A retry (the answer was lost) finds the record and the runs in place: nothing changes.
+    again = compactions.commit_merge(merge_request(runs[:3]))
+    assert all(r.committed for r in again.results)
+    assert setup.refs.counts[MERGED] == 100
+
+    # Sealing later: the merged chunk and the chunks after it become one spec segment.
+    sealed = compactions.commit(
+        CommitCompaction("t", setup.topic_ids["t"], 7, 0, 9, spec_segment(0, 9))
+    )
+    assert sealed.committed
+    assert partition_entries(setup, 7) == [(0, 9, "")]
+    assert setup.refs.counts[MERGED] == 99 and setup.refs.counts[object_key(1)] == 495
+
+
+def test_a_refused_run_leaves_the_others_committed(setup: Setup) -> None:
+    partitions = setup.make(Limits(max_ops=100_000, max_bytes=1 << 30))
+    spans = [("t", p, base, base) for p in range(4) for base in range(5)]
+    assert all(
+        r.committed for r in partitions.commit_object(commit_request(setup, 0, spans)).results
+    )
+    compactions = committer(setup)
+    runs = [merge_run(setup, p, 0, 4) for p in range(4)]
+    runs[1] = merge_run(setup, 1, 0, 7)  # past the partition's entries
+    runs[2] = CommitCompaction(
+        "t", setup.topic_ids["t"], 2, 0, 4, SegmentRecord(0, 4, 50, 0, 5, 7, 8, object_key(999), 32)
+    )
+    result = compactions.commit_merge(merge_request(runs)).results
+    assert [r.committed for r in result] == [True, False, False, True]
+    assert "end at 4, not 7" in (result[1].error or "")
+    assert "not a chunk of" in (result[2].error or "")
+    assert setup.refs.counts[MERGED] == 2
+
+
+def test_a_transaction_that_fails_its_compares_is_retried_run_by_run(setup: Setup) -> None:
+    partitions = setup.make(Limits(max_ops=100_000, max_bytes=1 << 30))
+    spans = [("t", p, base, base) for p in range(3) for base in range(5)]
+    assert all(
+        r.committed for r in partitions.commit_object(commit_request(setup, 0, spans)).results
+    )
+    compactions = committer(setup)
+    runs = [merge_run(setup, p, 0, 4) for p in range(3)]
+    assert compactions.commit_merge(merge_request([])).results == []  # the WalRecord only
+    # Partition 1's first chunk is compacted by someone else between the reads and the commit.
+    prepared = [(i, compactions._prepare(run, {})) for i, run in enumerate(runs)]
+    assert compactions.commit(
+        CommitCompaction("t", setup.topic_ids["t"], 1, 0, 4, spec_segment(0, 4))
+    ).committed
+    results = compactions._commit_batch(prepared)  # type: ignore[arg-type]
+    assert [results[i].committed for i in range(3)] == [True, False, True]
+    assert "is a segment" in (results[1].error or "")
+
+
+def test_a_merged_chunk_needs_its_wal_record(setup: Setup) -> None:
+    chunks_committed(setup, 5)
+    result = committer(setup).commit(
+        CommitCompaction("t", setup.topic_ids["t"], 0, 0, 4, merged_chunk(0, 4))
+    )
+    assert not result.committed and "no WAL record" in (result.error or "")
+    assert entries(setup) == [(b, b, True) for b in range(5)]
