@@ -119,6 +119,12 @@ COMPACTION_BYTES = Counter("kafscale_compaction_bytes", "Bytes of the segments c
 COMPACTION_FAILURES = Counter(
     "kafscale_compaction_failures", "Compaction jobs (loads, seals) that failed", ["kind"]
 )
+COMPACTION_MERGES = Counter(
+    "kafscale_compaction_merges", "Merged write-ahead objects the compactor wrote and committed"
+)
+COMPACTION_MERGED_BYTES = Counter(
+    "kafscale_compaction_merged_bytes", "Bytes of held chunks moved into merged objects"
+)
 COMPACTION_HELD_BYTES = Gauge(
     "kafscale_compaction_held_bytes",
     "Bytes of uncompacted chunks the compactor holds (KAFSCALE_COMPACTION_BUFFER_BYTES bounds it)",

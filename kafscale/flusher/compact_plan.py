@@ -8,10 +8,15 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
   before a codec change), at most ``segment_bytes`` of batches (unless its first chunk alone is
   bigger). A run is **closed** once it cannot grow: it reached ``segment_bytes``, or the chunk
   after it does not fit, changes codec or does not continue the offsets.
-- ``Seal`` is planned for a run that is closed, whose oldest chunk is ``max_age_ms`` old, or, while
-  the partitions' uncompacted bytes exceed ``buffer_bytes``, of the partitions holding the most
-  bytes in the accumulator first, until what is left fits. A seal only takes chunks whose bytes
-  are held: a run that lacks some waits for them.
+- ``Seal`` is planned for a run that is closed, or whose oldest chunk is ``max_age_ms`` old. A
+  seal only takes chunks it can read cheaply: held ones, and chunks of merged objects (one ranged
+  GET each); a run that lacks some waits for them (``Load``).
+- The merge level (section 11 of the design): while the
+  bytes not in merged objects exceed ``MERGE_AT`` of ``buffer_bytes``, partitions that will seal
+  soon are sealed ("memory") and the held runs of the others, oldest first, are written into one
+  merged object of about ``MERGE_BYTES`` of the bound (``Merge``), which frees their memory. Past
+  ``buffer_bytes`` still, the partitions holding the most bytes are sealed ("memory") until what
+  is left fits.
 - ``Load`` reads one whole write-ahead object and keeps the chunks that continue a partition's
   held chunks (the accumulator holds, per partition, a run from its oldest chunk: the compactor
   keeps that invariant, so whatever it holds can be sealed). Objects go oldest chunk first; the
@@ -32,6 +37,11 @@ from typing import NamedTuple
 
 from kafscale.metadata.records import SegmentRecord
 
+MERGE_AT = 0.75  # of buffer_bytes: leaves room for what commits while a merge uploads
+MERGE_BYTES = 0.5  # of buffer_bytes: the size of one merged object
+SEAL_SOON = 0.75  # of segment_bytes: a partition this full is sealed, not merged
+MAX_MERGED = 4  # merged chunks a partition may have: a seal reads at most that many by range
+
 
 class PartitionKey(NamedTuple):
     topic: str
@@ -40,10 +50,16 @@ class PartitionKey(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """An uncompacted chunk entry and whether the accumulator holds its bytes."""
+    """An uncompacted chunk entry, whether the accumulator holds its bytes, and whether it is
+    a chunk of a merged object (read with one ranged GET, never loaded whole)."""
 
     record: SegmentRecord
     held: bool
+    merged: bool = False
+
+    @property
+    def readable(self) -> bool:
+        return self.held or self.merged
 
     @property
     def size(self) -> int:
@@ -88,7 +104,16 @@ class Load:
     size: int
 
 
-Job = Seal | Load
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """Write the held ``runs`` (per partition, chunks after its merged ones, contiguous, one
+    codec) into one merged object, each run one chunk; ``size`` bytes of chunks in all."""
+
+    runs: tuple[tuple[PartitionKey, tuple[SegmentRecord, ...]], ...]
+    size: int
+
+
+Job = Seal | Load | Merge
 
 
 def first_run(state: PartitionState) -> tuple[tuple[Chunk, ...], bool]:
@@ -109,10 +134,10 @@ def first_run(state: PartitionState) -> tuple[tuple[Chunk, ...], bool]:
     return chunks, total >= state.segment_bytes
 
 
-def held_prefix(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
-    """The leading chunks whose bytes are held."""
+def readable_prefix(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
+    """The leading chunks a seal can read without a load (held, or merged)."""
     for i, chunk in enumerate(chunks):
-        if not chunk.held:
+        if not chunk.readable:
             return tuple(chunks[:i])
     return tuple(chunks)
 
@@ -126,32 +151,33 @@ def plan(
     """The next jobs (see the module docstring). ``paused_objects``: objects whose load failed
     and is backing off."""
     runs = {state.key: first_run(state)[0] for state in partitions if not state.paused}
-    wanted = _wanted(partitions, limits, now_ms)
+    wanted, merge = _wanted(partitions, limits, now_ms)
     seals: list[Seal] = []
     waiting: dict[PartitionKey, str] = {}
     for key, reason in wanted.items():
         run = runs[key]
-        if all(chunk.held for chunk in run):
+        if all(chunk.readable for chunk in run):
             seals.append(Seal(key, _records(run), reason))
         else:
             waiting[key] = reason
     held = sum(chunk.size for state in partitions for chunk in state.chunks if chunk.held)
-    budget = max(0, limits.max_jobs - len(seals))
+    merges: list[Job] = [merge] if merge is not None else []
+    budget = max(0, limits.max_jobs - len(seals) - len(merges))
     loads = _loads(partitions, runs, waiting, held, limits.buffer_bytes, budget, paused_objects)
-    if not seals and not loads:
+    if not seals and not loads and not merges:
         # No room to bring a waiting run in: seal what each holds, biggest first, to free some.
-        prefixes = [(held_prefix(runs[key]), key, reason) for key, reason in waiting.items()]
+        prefixes = [(readable_prefix(runs[key]), key, reason) for key, reason in waiting.items()]
         prefixes.sort(key=lambda item: (-sum(chunk.size for chunk in item[0]), item[1]))
         seals = [Seal(key, _records(prefix), reason) for prefix, key, reason in prefixes if prefix]
-    jobs: list[Job] = [*seals, *loads]
+    jobs: list[Job] = [*seals, *merges, *loads]
     return jobs[: limits.max_jobs]
 
 
 def _wanted(
     partitions: Sequence[PartitionState], limits: Limits, now_ms: int
-) -> dict[PartitionKey, str]:
-    """Partitions to seal and why, in the order their seals should go."""
-    demand = sum(chunk.size for state in partitions for chunk in state.chunks)
+) -> tuple[dict[PartitionKey, str], Merge | None]:
+    """Partitions to seal and why, in the order their seals should go, and the merge to do."""
+    demand = sum(c.size for state in partitions for c in state.chunks if not c.merged)
     wanted: dict[PartitionKey, str] = {}
     candidates = sorted(
         (state for state in partitions if state.chunks and not state.paused),
@@ -161,10 +187,23 @@ def _wanted(
         run, closed = first_run(state)
         if closed or now_ms - run[0].record.created_ms >= limits.max_age_ms:
             wanted[state.key] = "full" if closed else "age"
-            demand -= sum(chunk.size for chunk in run)
+            demand -= sum(chunk.size for chunk in run if not chunk.merged)
+    merge = None
+    if demand > limits.buffer_bytes * MERGE_AT:
+        soon, merge = _choose_merge(
+            [state for state in candidates if state.key not in wanted],
+            int(limits.buffer_bytes * MERGE_BYTES),
+        )
+        demand -= merge.size if merge is not None else 0
+        for state in soon:
+            if demand <= limits.buffer_bytes * MERGE_AT:
+                break
+            wanted[state.key] = "memory"
+            demand -= sum(chunk.size for chunk in first_run(state)[0] if not chunk.merged)
+    merging = {key for key, _ in merge.runs} if merge is not None else set()
     if demand > limits.buffer_bytes:
         by_held = sorted(
-            (state for state in candidates if state.key not in wanted),
+            (state for state in candidates if state.key not in wanted and state.key not in merging),
             key=lambda state: (
                 -sum(chunk.size for chunk in state.chunks if chunk.held),
                 -sum(chunk.size for chunk in state.chunks),
@@ -175,8 +214,54 @@ def _wanted(
             if demand <= limits.buffer_bytes:
                 break
             wanted[state.key] = "memory"
-            demand -= sum(chunk.size for chunk in first_run(state)[0])
-    return wanted
+            demand -= sum(chunk.size for chunk in first_run(state)[0] if not chunk.merged)
+    return wanted, merge
+
+
+def _choose_merge(
+    states: Sequence[PartitionState], target: int
+) -> tuple[list[PartitionState], Merge | None]:
+    """Of ``states`` (partitions not sealing), those that will seal soon (biggest held first),
+    and the merge of the others' held runs, oldest first, until ``target`` bytes are taken."""
+    soon: list[PartitionState] = []
+    runs: list[tuple[int, PartitionKey, tuple[Chunk, ...]]] = []
+    for state in states:
+        merged = 0
+        while merged < len(state.chunks) and state.chunks[merged].merged:
+            merged += 1
+        total = sum(chunk.size for chunk in state.chunks)
+        if total >= state.segment_bytes * SEAL_SOON or merged >= MAX_MERGED:
+            soon.append(state)
+        elif run := _held_run(state.chunks[merged:]):
+            runs.append((run[0].record.created_ms, state.key, run))
+    soon.sort(key=lambda state: (-sum(c.size for c in state.chunks if c.held), state.key))
+    runs.sort(key=lambda item: item[:2])
+    taken: list[tuple[PartitionKey, tuple[SegmentRecord, ...]]] = []
+    size = 0
+    for _, key, run in runs:
+        if size >= target:
+            break
+        taken.append((key, _records(run)))
+        size += sum(chunk.size for chunk in run)
+    return soon, Merge(tuple(sorted(taken)), size) if taken else None
+
+
+def _held_run(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
+    """The leading held chunks whose bytes make one chunk: contiguous offsets, one codec."""
+    end = 0
+    while (
+        end < len(chunks)
+        and chunks[end].held
+        and (
+            end == 0
+            or (
+                chunks[end].record.base_offset == chunks[end - 1].record.last_offset + 1
+                and chunks[end].record.codec == chunks[0].record.codec
+            )
+        )
+    ):
+        end += 1
+    return tuple(chunks[:end])
 
 
 def _loads(
@@ -195,7 +280,7 @@ def _loads(
     nexts = {
         key: len(prefix)
         for key, state in states.items()
-        if len(prefix := held_prefix(state.chunks)) < len(state.chunks)
+        if len(prefix := readable_prefix(state.chunks)) < len(state.chunks)
     }
     open_keys = {key for key in waiting if key in nexts}
     projected = held

@@ -4,9 +4,11 @@ of their bytes, shared by the flusher's commit thread and the compactor's worker
 No I/O: a lock held for bookkeeping only. Invariants:
 
 - A partition's chunks are kept in base offset order, each base offset once.
-- The accumulator holds, per partition, the bytes of a run of chunks from its oldest one (what
-  the planner can seal); bytes that would break the run, or not fit under ``bound``, are not
-  kept (the chunk is read back later with its write-ahead object).
+- A chunk of a merged object (the merge level: ``merged_objects``) is never held: a seal reads it
+  by range. Merges take held runs that follow a partition's merged chunks, so those lead.
+- The accumulator holds, per partition, the bytes of a run of chunks right after its merged
+  ones (what the planner can seal or merge); bytes that would break the run, or not fit under
+  ``bound``, are not kept (the chunk is read back later with its write-ahead object).
 - ``held`` is the total of the held bytes; it never passes ``bound`` except by one load into an
   empty accumulator (the planner's rule).
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kafscale import metrics
 from kafscale.flusher import compact_plan
-from kafscale.flusher.compact_plan import Load, PartitionKey, Seal
+from kafscale.flusher.compact_plan import Load, Merge, PartitionKey, Seal
 from kafscale.metadata.records import SegmentRecord
 
 BACKOFF_S = (1.0, 60.0)  # first and longest wait after a failed job
@@ -42,6 +44,7 @@ class Accumulator:
         self._lock = threading.Lock()
         self._partitions: dict[PartitionKey, _Partition] = {}
         self._paused_objects: dict[str, tuple[int, float]] = {}  # failures, retry at
+        self._merged_objects: set[str] = set()
         self._held = 0
 
     @property
@@ -65,7 +68,7 @@ class Accumulator:
                 return
             part.chunks.append(record)
             part.chunks.sort(key=lambda chunk: chunk.base_offset)
-            follows_held = len(part.data) == part.chunks.index(record)
+            follows_held = self._held_start(part) + len(part.data) == part.chunks.index(record)
             if follows_held and self._held + record.size <= self.bound:
                 part.data[record.base_offset] = bytes(data)
                 self._changed(record.size)
@@ -109,7 +112,11 @@ class Accumulator:
                     part.topic_id,
                     part.segment_bytes,
                     tuple(
-                        compact_plan.Chunk(chunk, chunk.base_offset in part.data)
+                        compact_plan.Chunk(
+                            chunk,
+                            chunk.base_offset in part.data,
+                            chunk.object in self._merged_objects,
+                        )
                         for chunk in part.chunks
                     ),
                     paused=part.retry_at > now,
@@ -120,17 +127,59 @@ class Accumulator:
             paused = [key for key, (_, at) in self._paused_objects.items() if at > now]
         return states, paused
 
-    def seal_input(self, job: Seal) -> tuple[str, list[bytes]] | None:
-        """The topic id and the chunks' bytes of ``job``, or None if its chunks changed."""
+    def seal_input(self, job: Seal) -> tuple[str, list[bytes | None]] | None:
+        """The topic id and the chunks' bytes of ``job`` (None for a chunk of a merged object:
+        the caller reads it by range), or None if its chunks changed."""
         with self._lock:
             part = self._partitions.get(job.key)
-            if (
-                part is None
-                or part.chunks[: len(job.chunks)] != list(job.chunks)
-                or any(chunk.base_offset not in part.data for chunk in job.chunks)
+            if part is None or part.chunks[: len(job.chunks)] != list(job.chunks):
+                return None
+            data = [part.data.get(chunk.base_offset) for chunk in job.chunks]
+            if any(
+                found is None and chunk.object not in self._merged_objects
+                for chunk, found in zip(job.chunks, data, strict=True)
             ):
                 return None
-            return part.topic_id, [part.data[chunk.base_offset] for chunk in job.chunks]
+            return part.topic_id, data
+
+    def merge_input(self, job: Merge) -> list[tuple[PartitionKey, str, list[bytes]]]:
+        """Per run of ``job`` whose chunks are still held as planned: the partition, its topic
+        id and the chunks' bytes (runs that changed meanwhile are left out)."""
+        found = []
+        with self._lock:
+            for key, chunks in job.runs:
+                part = self._partitions.get(key)
+                if part is None:
+                    continue
+                start = self._held_start(part)
+                if part.chunks[start : start + len(chunks)] != list(chunks):
+                    continue
+                if all(chunk.base_offset in part.data for chunk in chunks):
+                    found.append((key, part.topic_id, [part.data[c.base_offset] for c in chunks]))
+        return found
+
+    def merged_objects(self, keys: Iterable[str]) -> None:
+        """``keys`` are merged objects: their chunks are read by range, never held."""
+        with self._lock:
+            self._merged_objects.update(keys)
+            for part in self._partitions.values():
+                self._keep_held_run(part)
+
+    def merged(self, key: PartitionKey, chunk: SegmentRecord) -> None:
+        """The partition's chunks ``chunk`` covers are now ``chunk``, of a merged object (known
+        by ``merged_objects`` already): their held bytes are released."""
+        with self._lock:
+            part = self._partitions.get(key)
+            if part is None:
+                return
+            covered = [
+                c for c in part.chunks if chunk.base_offset <= c.base_offset <= chunk.last_offset
+            ]
+            for c in covered:
+                self._changed(-len(part.data.pop(c.base_offset, b"")))
+            kept = [c for c in part.chunks if c not in covered]
+            part.chunks = sorted([*kept, chunk], key=lambda c: c.base_offset)
+            self._keep_held_run(part)
 
     def topic_id(self, key: PartitionKey) -> str | None:
         with self._lock:
@@ -151,7 +200,7 @@ class Accumulator:
             for key, base_offset in job.chunks:
                 part = self._partitions.get(key)
                 at = _index(part.chunks, base_offset) if part is not None else None
-                if part is None or at is None or len(part.data) != at:
+                if part is None or at is None or self._held_start(part) + len(part.data) != at:
                     continue  # compacted, reloaded or held meanwhile
                 record = part.chunks[at]
                 position, view = chunks.get((key, base_offset), (-1, memoryview(b"")))
@@ -182,11 +231,12 @@ class Accumulator:
         """``job`` failed: leave its partition (a seal) or object (a load) out of plans for a
         while, longer after each failure in a row."""
         with self._lock:
-            if isinstance(job, Seal):
-                part = self._partitions.get(job.key)
-                if part is not None:
-                    part.failures += 1
-                    part.retry_at = now + backoff(part.failures)
+            if isinstance(job, Seal | Merge):
+                for key in [job.key] if isinstance(job, Seal) else [key for key, _ in job.runs]:
+                    part = self._partitions.get(key)
+                    if part is not None:
+                        part.failures += 1
+                        part.retry_at = now + backoff(part.failures)
             else:
                 failures = self._paused_objects.get(job.object, (0, 0.0))[0] + 1
                 self._paused_objects[job.object] = (failures, now + backoff(failures))
@@ -211,11 +261,18 @@ class Accumulator:
         if part is not None:
             self._changed(-sum(map(len, part.data.values())))
 
+    def _held_start(self, part: _Partition) -> int:
+        """The number of the partition's leading chunks of merged objects."""
+        start = 0
+        while start < len(part.chunks) and part.chunks[start].object in self._merged_objects:
+            start += 1
+        return start
+
     def _keep_held_run(self, part: _Partition) -> None:
-        run = 0
+        start = run = self._held_start(part)
         while run < len(part.chunks) and part.chunks[run].base_offset in part.data:
             run += 1
-        keep = {chunk.base_offset for chunk in part.chunks[:run]}
+        keep = {chunk.base_offset for chunk in part.chunks[start:run]}
         for base_offset in [base for base in part.data if base not in keep]:
             self._changed(-len(part.data.pop(base_offset)))
 

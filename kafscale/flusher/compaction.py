@@ -9,7 +9,10 @@ to do and carries the jobs out, up to ``PARALLEL_JOBS`` at once:
 
 - ``Load``: GET the whole write-ahead object, verify it (``kafscale.storage.wal``), keep the
   chunks the plan names.
-- ``Seal``: build the ``.kfs`` and ``.index`` of the chunks' batches (deterministic bytes: the
+- ``Merge`` (``kafscale.flusher.compact_merge``): write held runs of many partitions into one
+  merged write-ahead object and commit it, which frees their memory.
+- ``Seal``: read the chunks of merged objects it needs by range (one GET each), build the
+  ``.kfs`` and ``.index`` of the chunks' batches (deterministic bytes: the
   first chunk's created time and codec), put-if-absent both at the spec keys of the first chunk's
   base offset (an object already there is judged by ``kafscale.flusher.compact_existing``: a
   committed object is never overwritten), ask the coordinator to ``CommitCompaction``, then drop
@@ -32,8 +35,8 @@ from typing import Protocol, TypeVar
 
 from kafscale import metrics
 from kafscale.config import Config
-from kafscale.flusher import compact_existing, compact_plan
-from kafscale.flusher.compact_plan import Limits, Load, PartitionKey, Seal
+from kafscale.flusher import compact_existing, compact_merge, compact_plan
+from kafscale.flusher.compact_plan import Limits, Load, Merge, PartitionKey, Seal
 from kafscale.flusher.compact_state import BACKOFF_S, Accumulator, backoff
 from kafscale.ipc import messages, routing
 from kafscale.ipc.rpc import Bulk, Reply, RpcError
@@ -51,7 +54,7 @@ PARALLEL_JOBS = 4
 COMMIT_TIMEOUT_MS = 10_000
 IDLE_WAIT_S = 1.0  # re-plan at least this often (the age rule needs no event)
 
-_J = TypeVar("_J", Seal, Load)
+_J = TypeVar("_J", Seal, Load, Merge)
 _T = TypeVar("_T")
 _Chunks = dict[tuple[PartitionKey, int], tuple[int, memoryview]]  # an object's, with positions
 
@@ -104,6 +107,9 @@ class Compactor:
         self._pool = concurrent.futures.ThreadPoolExecutor(PARALLEL_JOBS, "compact")
         self._local = threading.local()
         self._clients: list[CoordinatorClient] = []
+        self.merger = compact_merge.Merger(
+            objects, self.accumulator, self.namespace, config.broker_id, shards
+        )
 
     # --- the flusher's side -------------------------------------------------------------------
 
@@ -175,6 +181,10 @@ class Compactor:
             self._pool.submit(self._guarded, job, self._seal)
             for job in jobs
             if isinstance(job, Seal)
+        ] + [
+            self._pool.submit(self._guarded, job, self._merge)
+            for job in jobs
+            if isinstance(job, Merge)
         ]
         fetches = [
             (job, self._pool.submit(self._guarded, job, self._fetch))
@@ -200,6 +210,13 @@ class Compactor:
             topic.name: topic
             for topic in map(metadata_records.decode_topic, _values(self.store, self.keys.topics))
         }
+        self.accumulator.merged_objects(
+            record.key
+            for record in map(
+                metadata_records.decode_wal, _values(self.store, self.keys.wal_objects)
+            )
+            if record.merged
+        )
         for key, chunks in found.items():
             if (topic := topics.get(key.topic)) is not None:
                 segment_bytes = int(topic.configs.get("segment.bytes", self.default_segment_bytes))
@@ -214,6 +231,8 @@ class Compactor:
         """Carry out one job now (what ``run_once`` does for each of a plan's)."""
         if isinstance(job, Seal):
             self._guarded(job, self._seal)
+        elif isinstance(job, Merge):
+            self._guarded(job, self._merge)
         elif (found := self._guarded(job, self._fetch)) is not None:
             self._guarded(job, lambda load: self._keep(load, found))
 
@@ -223,7 +242,8 @@ class Compactor:
             return action(job)
         except Exception as exc:
             storage = isinstance(exc, (ObjectStoreError, MetadataStoreError, RpcError))
-            kind = "storage" if storage else "refused" if isinstance(exc, CompactionFailed) else ""
+            refused = isinstance(exc, (CompactionFailed, compact_merge.MergeFailed))
+            kind = "storage" if storage else "refused" if refused else ""
             metrics.COMPACTION_FAILURES.labels(kind or "internal").inc()
             what = {"job": type(job).__name__, "error": f"{type(exc).__name__}: {exc}"}
             if kind:
@@ -262,7 +282,16 @@ class Compactor:
         found = self.accumulator.seal_input(job)
         if found is None:
             return  # changed meanwhile: the next plan sees it
-        topic_id, data = found
+        topic_id, held = found
+        try:
+            data = [
+                part if part is not None else compact_merge.read_merged_chunk(self.objects, chunk)
+                for chunk, part in zip(job.chunks, held, strict=True)
+            ]
+        except ObjectNotFound:
+            log.warning("a merged chunk's object is gone; reloading", extra={"key": key})
+            self._reload(key)
+            return
         chunks = job.chunks
         first = chunks[0]
         batches = [batch for chunk_data in data for batch in _split(chunk_data)]
@@ -305,6 +334,14 @@ class Compactor:
             self._delete_if_ours(segments.segment_key(self.namespace, *key, first.base_offset), kfs)
             self._delete_if_ours(segments.index_key(self.namespace, *key, first.base_offset), index)
         self._reload(key)
+
+    def _merge(self, job: Merge) -> None:
+        edges = compact_merge.Edges(
+            lambda message, bulk, timeout_ms: self._coordinator().call(message, bulk, timeout_ms),
+            self._notify,
+            self._reload,
+        )
+        self.merger.merge(job, edges)
 
     def _upload(
         self,

@@ -13,6 +13,7 @@ from kafscale.flusher.compact_plan import (
     Chunk,
     Limits,
     Load,
+    Merge,
     PartitionKey,
     PartitionState,
     Seal,
@@ -133,15 +134,17 @@ def test_a_paused_partition_gets_no_job() -> None:
 
 
 def test_over_the_bound_the_partitions_holding_most_are_sealed_first_until_it_fits() -> None:
+    # every partition is near its segment.bytes (>= 3/4): sealed, not merged
     partitions = [
-        state("a", chunks([10, 10]), segment_bytes=1000),
-        state("b", chunks([30, 30]), segment_bytes=1000),
-        state("c", chunks([20, 20]), segment_bytes=1000),
+        state("a", chunks([25, 25]), segment_bytes=64),
+        state("b", chunks([30, 30]), segment_bytes=64),
+        state("c", chunks([27, 27]), segment_bytes=64),
     ]
-    jobs = plan(partitions, limits(buffer_bytes=60), NOW)
+    jobs = plan(partitions, limits(buffer_bytes=150), NOW)
     assert [(job.key.topic, job.reason) for job in seals(jobs)] == [("b", "memory")]
-    jobs = plan(partitions, limits(buffer_bytes=30), NOW)
+    jobs = plan(partitions, limits(buffer_bytes=130), NOW)
     assert [job.key.topic for job in seals(jobs)] == ["b", "c"]
+    assert not [job for job in jobs if isinstance(job, Merge)]
 
 
 def test_at_most_max_jobs() -> None:
@@ -331,6 +334,23 @@ def test_repeated_plans_compact_everything_within_the_bound(
                 current[job.key] = PartitionState(
                     p.key, p.topic_id, p.segment_bytes, p.chunks[len(job.chunks) :]
                 )
+            elif isinstance(job, Merge):  # each run becomes one chunk of a merged object
+                for key, run in job.runs:
+                    p = current[key]
+                    bases = {c.base_offset for c in run}
+                    merged = Chunk(
+                        SegmentRecord(
+                            run[0].base_offset, run[-1].last_offset, sum(c.size for c in run),
+                            0, 1, 0, run[0].created_ms, "merged", 32, run[0].codec,
+                        ),
+                        held=False,
+                        merged=True,
+                    )  # fmt: skip
+                    rest = [c for c in p.chunks if c.record.base_offset not in bases]
+                    ordered = sorted([*rest, merged], key=lambda c: c.record.base_offset)
+                    current[key] = PartitionState(
+                        p.key, p.topic_id, p.segment_bytes, tuple(ordered)
+                    )
             else:
                 for key, base in job.chunks:
                     p = current[key]

@@ -22,6 +22,7 @@ from kafscale.flusher.compaction import Compactor
 from kafscale.ipc import messages, routing
 from kafscale.ipc.messages import (
     CommitCompaction,
+    CommitMerge,
     CommitObject,
     CreateTopics,
     ObjectChunk,
@@ -196,6 +197,8 @@ class FakeCoordinator:
         self.world = world
 
     def call(self, message: messages.Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply:
+        if isinstance(message, CommitMerge):
+            return Reply(self.world.compactions.commit_merge(message))
         assert isinstance(message, CommitCompaction)
         if self.world.lost_replies:
             self.world.lost_replies -= 1
