@@ -40,7 +40,7 @@ from kafscale.metadata.records import SegmentRecord
 MERGE_AT = 0.75  # of buffer_bytes: leaves room for what commits while a merge uploads
 MERGE_BYTES = 0.5  # of buffer_bytes: the size of one merged object
 SEAL_SOON = 0.75  # of segment_bytes: a partition this full is sealed, not merged
-MAX_MERGED = 4  # merged chunks a partition may have: a seal reads at most that many by range
+MAX_MERGED = 16  # merged chunks a partition may have: a seal reads at most that many by range
 
 
 class PartitionKey(NamedTuple):

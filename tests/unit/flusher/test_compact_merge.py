@@ -10,7 +10,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kafscale.flusher.compact_plan import Limits, Load, Merge, PartitionKey, Seal, plan
+from kafscale.flusher.compact_plan import MAX_MERGED, Limits, Load, Merge, PartitionKey, Seal, plan
 from kafscale.flusher.compact_state import Accumulator
 from kafscale.metadata.records import SegmentRecord
 from tests.unit.flusher.test_compact_plan import NOW, chunks, limits, state
@@ -59,11 +59,13 @@ def test_merged_chunks_lead_and_a_seal_reads_them_with_the_held_ones() -> None:
 
 
 def test_a_partition_with_the_most_merged_chunks_is_sealed() -> None:
-    items = chunks([5, 5, 5, 5, 5])
-    items = tuple(type(c)(c.record, held=i == 4, merged=i < 4) for i, c in enumerate(items))
+    items = chunks([5] * (MAX_MERGED + 1))
+    items = tuple(
+        type(c)(c.record, held=i == MAX_MERGED, merged=i < MAX_MERGED) for i, c in enumerate(items)
+    )
     jobs = plan([state("t", items, segment_bytes=1000)], limits(buffer_bytes=4), NOW)
     assert merges(jobs) == []
-    assert [len(job.chunks) for job in jobs if isinstance(job, Seal)] == [5]
+    assert [len(job.chunks) for job in jobs if isinstance(job, Seal)] == [MAX_MERGED + 1]
 
 
 # --- the property: bytes never lost or duplicated ----------------------------------------------
@@ -147,7 +149,7 @@ class Simulation:
                 self.ranged_reads += 1
                 data = self.objects[chunk.object][chunk.position]
             parts.append(data)
-        assert sum(1 for c in job.chunks if c.object.startswith("m")) <= 4  # MAX_MERGED
+        assert sum(1 for c in job.chunks if c.object.startswith("m")) <= MAX_MERGED
         segment = SegmentRecord(
             job.chunks[0].base_offset, job.chunks[-1].last_offset, 0, 0, 0, 0, 0
         )
