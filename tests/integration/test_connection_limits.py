@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 from kio.index import load_request_schema, load_response_schema
 
+from kafscale import config as configuration
+from kafscale.metadata import open_metadata_store, records
+from kafscale.metadata.records import Keys
 from kafscale.protocol import codec
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
@@ -232,8 +235,12 @@ def test_pipelining_client_is_throttled_by_tcp_not_buffered(
     broker = start_broker(
         env={
             "KAFSCALE_CONNECTION_MAX_IN_FLIGHT_BYTES": str(limit),
-            # acks=all requests wait for a flush: none comes during the test.
+            # acks=all requests wait for a write-ahead object: none is cut during the test (no
+            # flush interval, object size or group commit wait is reached; the last is longer
+            # than the requests' 10 s timeout, and short enough for the drain at the end).
             "KAFSCALE_FLUSH_INTERVAL_MS": "60000",
+            "KAFSCALE_GROUP_COMMIT_MS": "15000",
+            "KAFSCALE_OBJECT_BYTES": "512MiB",
             "KAFSCALE_SEGMENT_BYTES": "512MiB",
         },
         ready=True,
@@ -276,6 +283,18 @@ def test_pipelining_client_is_throttled_by_tcp_not_buffered(
     assert not pipeliner.is_alive()
 
 
+def log_entries(broker: Any, topic: str, partition: int) -> list[tuple[str, int, int]]:
+    """(kind, base offset, last offset) of each committed entry of the partition's log."""
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    try:
+        found = store.get_prefix(Keys(config.s3_namespace).segments(topic, partition))
+        entries = [records.decode_segment(kv.value) for kv in found]
+    finally:
+        store.close()
+    return [("chunk" if e.is_chunk else "segment", e.base_offset, e.last_offset) for e in entries]
+
+
 def test_client_that_never_reads_does_not_grow_broker_memory(
     start_broker: Callable[..., Any],
 ) -> None:
@@ -285,6 +304,10 @@ def test_client_that_never_reads_does_not_grow_broker_memory(
             "KAFSCALE_CONNECTIONS_MAX_IDLE_MS": str(idle_ms),
             "KAFSCALE_SEGMENT_BYTES": "64MiB",
             "KAFSCALE_FLUSH_INTERVAL_MS": "3000",
+            # The acks=all records commit as chunks of a few write-ahead objects, compacted a
+            # second later into one segment, stored as sent (16 MiB: not compressed).
+            "KAFSCALE_COMPACTION_MAX_AGE_MS": "1000",
+            "KAFSCALE_COMPRESSION_CODEC": "none",
         },
         ready=True,
     )
@@ -299,6 +322,16 @@ def test_client_that_never_reads_does_not_grow_broker_memory(
             assert correlation_id == i
             assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
     wait_for(lambda: high_watermark(broker, "orders", 0) == 16, 30, "records committed")
+    wait_for(
+        lambda: log_entries(broker, "orders", 0) == [("segment", 0, 15)],
+        30,
+        "the records compacted into one segment",
+    )
+    # Restarted with empty caches: a Fetch reads the segment, not the chunks' batches the L1
+    # cache kept as parts of it.
+    assert broker.terminate() == 0
+    broker = start_broker(env=broker.env, ready=True)
+    address = ("127.0.0.1", broker.port)
     baseline = frontend_rss(broker)
 
     request = codec.encode_request(fetch_request("orders", 0, 0, 32 * MiB, 0), 0, "t")
