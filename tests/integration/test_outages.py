@@ -32,9 +32,10 @@ from kafscale.metadata.records import Keys
 from kafscale.protocol import codec
 from kafscale.protocol import records as batches
 from kafscale.protocol.errors import ErrorCode
-from kafscale.storage import open_object_store
+from kafscale.storage import open_object_store, wal
 from kafscale.storage import segment as segments
 from tests.harness.procs import LOOPBACK
+from tests.harness.stored import committed_records
 
 from .test_produce import high_watermark
 from .test_supervision import roles
@@ -212,15 +213,18 @@ def start_loads(
 def committed_objects(
     broker: Any, topic: str, partitions: int, quiescent: bool = True
 ) -> dict[str, str]:
-    """{segment key: sha256} of every committed segment, after checking each record against its
-    object: the object exists, parses with every CRC right, and holds exactly the size, offsets,
-    record count and seal time its record says; and the records cover the log without a gap, up to
-    the high watermark (beyond it too if commits go on while we read: ``quiescent=False``)."""
+    """{object key: sha256} of every object a committed log entry lies in (a segment's ``.kfs``,
+    a chunk's write-ahead object), after checking each entry's record against its object: the
+    object exists, parses with every CRC right, and holds exactly the size, offsets, record count
+    and seal time its record says (a chunk: its directory entry at the record's position); and
+    the records cover the log without a gap, up to the high watermark (beyond it too if commits
+    go on while we read: ``quiescent=False``)."""
     config = configuration.load(broker.env)
     store = open_metadata_store(config)
     objects = open_object_store(config)
     keys = Keys(config.s3_namespace)
     found: dict[str, str] = {}
+    wal_objects: dict[str, wal.ParsedObject] = {}
     problems: list[str] = []
     try:
         for partition in range(partitions):
@@ -229,43 +233,29 @@ def committed_objects(
             expected_next = state.log_start_offset if state else 0
             for kv in store.get_prefix(keys.segments(topic, partition)):
                 record = records.decode_segment(kv.value)
-                key = segments.segment_key(
-                    config.s3_namespace, topic, partition, record.base_offset
-                )
-                data = objects.get(key)
-                try:
-                    parsed = segments.parse_segment(data)
-                except segments.CorruptSegment as exc:
-                    problems.append(f"{key}: {exc}")
-                    continue
-                held = (
-                    len(data),
-                    parsed.base_offset,
-                    parsed.last_offset,
-                    parsed.record_count,
-                    parsed.created_ms,
-                )
-                said = (
-                    record.size,
-                    record.base_offset,
-                    record.last_offset,
-                    record.records,
-                    record.created_ms,
-                )
-                if held != said:
-                    problems.append(
-                        f"{key}: the record says (size, base, last, records, created ms) "
-                        f"{said}, the object holds {held}"
+                if record.is_chunk:
+                    key = record.object
+                    if key not in wal_objects:
+                        data = objects.get(key)
+                        found[key] = hashlib.sha256(data).hexdigest()
+                        wal_objects[key] = wal.parse_object(data)  # verifies every CRC
+                    problem = chunk_problem(wal_objects[key], topic, partition, record)
+                else:
+                    key = segments.segment_key(
+                        config.s3_namespace, topic, partition, record.base_offset
                     )
+                    data = objects.get(key)
+                    found[key] = hashlib.sha256(data).hexdigest()
+                    problem = segment_problem(data, record)
+                if problem:
+                    problems.append(f"{key}: {problem}")
                 if record.base_offset != expected_next:
-                    problems.append(f"{key}: expected a segment at {expected_next}")
+                    problems.append(f"{key}: expected an entry at {expected_next}")
                 expected_next = record.last_offset + 1
-                found[key] = hashlib.sha256(data).hexdigest()
             reached = state.high_watermark if state is not None else 0
             if expected_next != reached and (quiescent or expected_next < reached):
                 problems.append(
-                    f"{topic}/{partition}: segments end at {expected_next}, "
-                    f"high watermark {state.high_watermark}"
+                    f"{topic}/{partition}: entries end at {expected_next}, high watermark {reached}"
                 )
     finally:
         store.close()
@@ -274,24 +264,60 @@ def committed_objects(
     return found
 
 
-def committed_values(broker: Any, topic: str, partition: int) -> list[bytes]:
-    config = configuration.load(broker.env)
-    store = open_metadata_store(config)
-    objects = open_object_store(config)
-    keys = Keys(config.s3_namespace)
-    values: list[bytes] = []
+def segment_problem(data: bytes, record: records.SegmentRecord) -> str | None:
+    """What a ``.kfs`` holds that its segment record does not say, if anything."""
     try:
-        for kv in store.get_prefix(keys.segments(topic, partition)):
-            record = records.decode_segment(kv.value)
-            key = segments.segment_key(config.s3_namespace, topic, partition, record.base_offset)
-            parsed = segments.parse_segment(objects.get(key))
-            for span in parsed.batches:
-                batch = parsed.data[span.position : span.position + span.length]
-                values.extend(r.value for r in batches.iter_records(batch) if r.value is not None)
-    finally:
-        store.close()
-        objects.close()
-    return values
+        parsed = segments.parse_segment(data)
+    except segments.CorruptSegment as exc:
+        return str(exc)
+    held = (len(data), parsed.base_offset, parsed.last_offset, parsed.record_count)
+    said = (record.size, record.base_offset, record.last_offset, record.records)
+    if (*held, parsed.created_ms) != (*said, record.created_ms):
+        return (
+            f"the record says (size, base, last, records, created ms) "
+            f"{(*said, record.created_ms)}, the object holds {(*held, parsed.created_ms)}"
+        )
+    return None
+
+
+def chunk_problem(
+    parsed: wal.ParsedObject, topic: str, partition: int, record: records.SegmentRecord
+) -> str | None:
+    """What the write-ahead object's directory says of the chunk at the record's position that
+    the chunk record does not, if anything (the chunk's batches are checked by their CRCs)."""
+    at = [e for e in parsed.entries if e.position == record.position]
+    if len(at) != 1:
+        return f"no chunk starts at position {record.position}"
+    entry = at[0]
+    fields = ("topic", "partition", "size", "base", "last", "records", "codec", "created ms")
+    held = (
+        entry.topic,
+        entry.partition,
+        entry.size,
+        entry.base_offset,
+        entry.last_offset,
+        entry.records,
+        entry.codec,
+        entry.created_ms,
+    )
+    said = (
+        topic,
+        partition,
+        record.size,
+        record.base_offset,
+        record.last_offset,
+        record.records,
+        record.codec,
+        record.created_ms,
+    )
+    if held != said:
+        return f"the record says {dict(zip(fields, said, strict=True))}, the directory holds {held}"
+    return None
+
+
+def committed_values(broker: Any, topic: str, partition: int) -> list[bytes]:
+    """The values of the partition's committed records, in offset order (segments and chunks)."""
+    return [r.value for r in committed_records(broker.env, topic, partition) if r.value is not None]
 
 
 def assert_nothing_acknowledged_lost(broker: Any, loads: list[Load]) -> None:
@@ -494,7 +520,7 @@ def test_shards_killed_while_s3_is_paused_never_change_a_committed_object(
     assert_only_retriable_errors(loads)
     # A killed shard's successor adopts its buffers: acks=1 records survive too (issue 14, 3).
     assert_nothing_acknowledged_lost(broker, [load for load in loads if load.acks == 1])
-    print(f"{kills} shard kills during a 30 s S3 pause; {len(final)} committed segments intact")
+    print(f"{kills} shard kills during a 30 s S3 pause; {len(final)} committed objects intact")
 
 
 def acknowledged_count(loads: list[Load]) -> int:
