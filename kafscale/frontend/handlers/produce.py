@@ -68,11 +68,13 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                 entry = _entry(ctx, record, int(data.index))
                 shard = ctx.broker.shards.owner(record.topic_id, int(data.index))
                 batches[shard].append((key, entry, data.records))
-    sends = [_send(ctx, shard, acks, timeout_ms, b, results) for shard, b in batches.items()]
-    if len(sends) == 1:
-        await sends[0]  # the common case: no task to spawn
-    else:
-        await asyncio.gather(*sends)
+    # One task per shard, made here in the request's first step, even for a single shard:
+    # tasks run in the order they are made, so a connection's pipelined requests reach every
+    # shard in request order (an idempotent producer's batches must be appended in order; a
+    # later request's send awaited directly would overtake an earlier one's spawned sends).
+    await asyncio.gather(
+        *(_send(ctx, shard, acks, timeout_ms, b, results) for shard, b in batches.items())
+    )
     if acks == 0:
         return None
     return _response(ctx, request, results)
