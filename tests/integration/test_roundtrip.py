@@ -8,7 +8,7 @@ null, empty and binary keys, several headers (duplicate names, empty and binary 
 names), values from empty to 1 MiB (three of exactly 1 MiB), explicit timestamps with repeats.
 kcat cannot set per-message headers or timestamps (see tests/harness/roundtrip_cli.py): its records
 carry one header set per partition and producer-stamped timestamps, which the test takes from the
-stored segments (KafScale's own reader; each checked to lie within the produce window).
+committed log (KafScale's own reader; each checked to lie within the produce window).
 The Java consumers read all topics in one JVM per version (a JVM start costs seconds).
 """
 
@@ -22,15 +22,13 @@ from typing import Any
 
 import pytest
 
-from kafscale import config as configuration
-from kafscale.protocol import records as batches
-from kafscale.storage import open_object_store
 from kafscale.storage import segment as segments
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.clients import JavaProbe
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import Ack, Client, Consumed, Record, Start
 from tests.harness.roundtrip_cli import all_clients
+from tests.harness.stored import committed_codecs, committed_records
 
 pytestmark = pytest.mark.integration
 
@@ -174,41 +172,22 @@ def expected_records(
 
 
 def stored_timestamps(broker: BrokerProcess, topic: str) -> dict[tuple[int, int], int]:
-    """(partition, offset) -> timestamp of every record in the topic's segments."""
-    config = configuration.load(broker.env)
-    objects = open_object_store(config)
-    found: dict[tuple[int, int], int] = {}
-    try:
-        for partition in PARTITIONS:
-            prefix = segments.segment_prefix(config.s3_namespace, topic, partition)
-            for info in objects.list(prefix):
-                if info.key.endswith(".kfs"):
-                    parsed = segments.parse_segment(objects.get(info.key))
-                    for span in parsed.batches:
-                        batch = parsed.data[span.position : span.position + span.length]
-                        for record in batches.iter_records(batch):
-                            found[(partition, record.offset)] = record.timestamp
-    finally:
-        objects.close()
-    return found
+    """(partition, offset) -> timestamp of every record the topic's partitions have committed
+    (segments and write-ahead chunks alike)."""
+    return {
+        (partition, record.offset): record.timestamp
+        for partition in PARTITIONS
+        for record in committed_records(broker.env, topic, partition)
+    }
 
 
 def stored_codecs(broker: BrokerProcess, topic: str) -> set[str]:
-    config = configuration.load(broker.env)
-    objects = open_object_store(config)
-    codecs: set[str] = set()
-    try:
-        for partition in PARTITIONS:
-            prefix = segments.segment_prefix(config.s3_namespace, topic, partition)
-            for info in objects.list(prefix):
-                if info.key.endswith(".kfs"):
-                    parsed = segments.parse_segment(objects.get(info.key))
-                    for span in parsed.batches:
-                        codec = segments.read_batch_header(parsed.data, span.position).codec
-                        codecs.add(segments.CODEC_NAMES[codec])
-    finally:
-        objects.close()
-    return codecs
+    """The codec names of every batch the topic's partitions have committed."""
+    return {
+        segments.CODEC_NAMES[codec]
+        for partition in PARTITIONS
+        for codec in committed_codecs(broker.env, topic, partition)
+    }
 
 
 @dataclass(frozen=True)
