@@ -334,7 +334,8 @@ SETTINGS: tuple[Setting, ...] = (
         "segment_bytes",
         "4MiB",
         _size_at_least(1024),
-        "Seal a partition buffer into a segment at this size",
+        "Segment size compaction aims at (a topic's segment.bytes overrides it); also the "
+        "largest shared-memory buffer of a partition",
     ),
     Setting(
         "flush_interval_ms",
