@@ -13,6 +13,11 @@ each batch starts and which offsets it ends at, so a fetch slices out the batche
 without decoding or copying anything. A ``Chunk`` is either a whole entry (read in full, or the
 buffer the shard just committed) or the part of one a ranged read brought in; an entry may have
 several partial ones.
+
+A fetch whose entry ends before its ``max_bytes`` goes on into the entries after it while they
+are cached (``Chunk.gather``): their batches are copied behind its own into one ``Chunk`` that
+lives only as long as the answer; nothing is read for it (read-ahead does that). Without
+anything to add, the cached chunk itself is answered, uncopied.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -85,10 +90,11 @@ class ByteLRU(Generic[K, V]):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Whole record batches of one segment, back to back in ``data``.
+    """Whole record batches of one entry (or, for a fetch's answer, of consecutive entries),
+    back to back in ``data``.
 
     ``starts[i]`` is where batch ``i`` begins in ``data`` and ``lasts[i]`` its last offset; the
-    first batch begins at ``first_offset``. ``complete`` says the chunk is the whole segment."""
+    first batch begins at ``first_offset``. ``complete`` says the chunk is the whole entry."""
 
     data: bytes | memoryview
     first_offset: int
@@ -110,19 +116,82 @@ class Chunk:
         """The batches from the one holding ``offset``: as many as fit in ``max_bytes``, and at
         least one (a batch bigger than the limit is still returned whole, as Kafka does)."""
         i = bisect.bisect_left(self.lasts, offset)
-        count = len(self.starts)
-        start = self.starts[i]
-        j = i + 1  # one past the last batch taken
-        while j < count and self._end(j) - start <= max_bytes:
+        return self._span(i, max(self._fitting(i, max_bytes), i + 1))
+
+    def begins(self, offset: int) -> int | None:
+        """The index of the batch beginning at ``offset``, if one does."""
+        i = bisect.bisect_left(self.lasts, offset)
+        if (
+            i == len(self.starts)
+            or records.read_header(self.data, self.starts[i]).base_offset != offset
+        ):
+            return None
+        return i
+
+    def gather(
+        self, offset: int, max_bytes: int, following: Callable[[int], Chunk | None]
+    ) -> Chunk:
+        """What a fetch at ``offset`` may take, up to ``max_bytes``: the batches ``batches_from``
+        gives and, when they run to this chunk's end with room left, the batches after them
+        in other chunks, while whole ones fit. ``following(o)`` is a chunk in which a batch
+        begins at offset ``o`` (the one after the last taken), or None: the run stops there.
+        This chunk itself when nothing is added (no copy); else a copy of the batches taken,
+        from the one holding ``offset``."""
+        i = bisect.bisect_left(self.lasts, offset)
+        taken = [(self, i, max(self._fitting(i, max_bytes), i + 1))]
+        size = len(self._span(i, taken[0][2]))
+        current, end = self, taken[0][2]
+        while end == len(current.starts) and size < max_bytes:
+            after = current.last_offset + 1
+            following_chunk = following(after)
+            start = None if following_chunk is None else following_chunk.begins(after)
+            if following_chunk is None or start is None:
+                break
+            current = following_chunk
+            end = current._fitting(start, max_bytes - size)
+            if end == start:
+                break
+            taken.append((current, start, end))
+            size += len(current._span(start, end))
+        if len(taken) == 1:
+            return self
+        return _joined(taken)
+
+    def _fitting(self, i: int, room: int) -> int:
+        """One past the last of the batches from ``i`` that fit in ``room`` bytes (``i`` when
+        none does)."""
+        j = i
+        while j < len(self.starts) and self._end(j) - self.starts[i] <= room:
             j += 1
-        return memoryview(self.data)[start : self._end(j - 1)]
+        return j
+
+    def _span(self, i: int, j: int) -> memoryview:
+        """Batches ``i`` to ``j - 1``."""
+        return memoryview(self.data)[self.starts[i] : self._end(j - 1)]
 
     def _end(self, i: int) -> int:
         """Where batch ``i`` ends."""
         return self.starts[i + 1] if i + 1 < len(self.starts) else len(self.data)
 
     def batch_bytes(self, i: int) -> memoryview:
-        return memoryview(self.data)[self.starts[i] : self._end(i)]
+        return self._span(i, i + 1)
+
+
+def _joined(taken: list[tuple[Chunk, int, int]]) -> Chunk:
+    """One chunk copying batches ``[i, j)`` of each chunk taken, in order."""
+    views: list[memoryview] = []
+    starts: list[int] = []
+    lasts: list[int] = []
+    position = 0
+    for chunk, i, j in taken:
+        view = chunk._span(i, j)
+        starts.extend(position + start - chunk.starts[i] for start in chunk.starts[i:j])
+        lasts.extend(chunk.lasts[i:j])
+        views.append(view)
+        position += len(view)
+    data = b"".join(views)
+    first = records.read_header(data, 0).base_offset
+    return Chunk(data, first, tuple(starts), tuple(lasts), complete=False)
 
 
 def chunk_of(
@@ -174,6 +243,14 @@ class EntryCache:
                 metrics.CACHE_LOOKUPS.labels("segment", "hit").inc()
                 return chunk
         metrics.CACHE_LOOKUPS.labels("segment", "miss").inc()
+        return None
+
+    def continuing(self, key: SegmentKey, offset: int) -> Chunk | None:
+        """A cached run of batches of entry ``key`` in which a batch begins at ``offset`` (a
+        fetch's answer going on from the entry before, or from an earlier run of this one)."""
+        for chunk in self.segments.get(key) or ():
+            if chunk.holds(offset) and chunk.begins(offset) is not None:
+                return chunk
         return None
 
     def holds_whole(self, key: SegmentKey) -> bool:

@@ -12,7 +12,9 @@ Where a fetch at offset O is served from:
   S3); on a miss, a ranged GET on a reader thread, from the index entry at or before O (the index
   comes from the L2 cache or one more GET) or, for a chunk, from its start. Serving an entry also
   prefetches up to ``KAFSCALE_READAHEAD_SEGMENTS`` following entries whole into L1 (best effort,
-  bounded).
+  bounded). When the batches found end before the partition's ``max_bytes`` (small chunks of a
+  partition written slowly), the fetch goes on into the following entries as far as L1 holds
+  them (``Chunk.gather``: one copy, bounded by ``max_bytes``), never waiting for S3 for them.
 - A chunk whose object is gone (compacted into a segment and collected after the entry list was
   loaded) makes the shard reload the partition's entries from the metadata store, on a reader
   thread, and read again once. When chunks are compacted (``compacted``), their cached batches
@@ -235,8 +237,7 @@ class ReadPath:
         key = entry_key(partition, segment)
         chunk = self.cache.cached(key, part.offset)
         if chunk is not None:
-            part.chunk = chunk
-            self._read_ahead(partition, segment)
+            self._serve(op, partition, part, chunk)
             return
         if self.refused(part):
             return
@@ -258,13 +259,26 @@ class ReadPath:
                     self.cache.put_index(key, fetched_index, segment.index_size)
                 self.healthy()
                 self.cache.store(key, chunk)
-                part.chunk = chunk
-                self._read_ahead(partition, segment)
+                self._serve(op, partition, part, chunk)
             if op.reading == 0:
                 self._settle(op)
 
         op.reading += 1
         self.submit(reads.read_at, (self.objects, ref, index, part.offset, part.max_bytes), done)
+
+    def _serve(self, op: FetchOp, partition: PartitionLog, part: Part, chunk: Chunk) -> None:
+        """Answer ``part`` from ``chunk`` and the cached batches after it, as far as they fit in
+        the partition's and the request's max_bytes; read ahead after the last entry reached."""
+        limit = min(part.max_bytes, op.request.max_bytes)
+        part.chunk = chunk.gather(part.offset, limit, lambda at: self._cached_at(partition, at))
+        reached = partition.segments.find(part.chunk.last_offset)
+        if reached is not None:
+            self._read_ahead(partition, reached)
+
+    def _cached_at(self, partition: PartitionLog, offset: int) -> Chunk | None:
+        """A cached run of the partition's batches in which a batch begins at ``offset``."""
+        entry = partition.segments.find(offset)
+        return None if entry is None else self.cache.continuing(entry_key(partition, entry), offset)
 
     def _reread(
         self, op: FetchOp, partition: PartitionLog, part: Part, ok: bool, gone: BaseException | None
