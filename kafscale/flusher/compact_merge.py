@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from kafscale import metrics
 from kafscale.flusher.compact_plan import Merge, PartitionKey
 from kafscale.flusher.compact_state import Accumulator
+from kafscale.flusher.objects import chunk_record
 from kafscale.ipc import messages, routing
 from kafscale.ipc.rpc import Bulk, Reply
 from kafscale.metadata.records import SegmentRecord, WalRecord
@@ -99,7 +100,7 @@ class Merger:
                 entry.partition,
                 entry.base_offset,
                 entry.last_offset,
-                _merged_record(key, entry),
+                chunk_record(key, entry),
             )
             for entry in entries
         ]
@@ -169,19 +170,4 @@ def _chunk_input(
         codec=first.codec,
         created_ms=first.created_ms,  # the age rule keeps counting from the oldest chunk
         batches=data,
-    )
-
-
-def _merged_record(key: str, entry: wal.DirectoryEntry) -> SegmentRecord:
-    return SegmentRecord(
-        base_offset=entry.base_offset,
-        last_offset=entry.last_offset,
-        size=entry.size,
-        index_size=0,
-        records=entry.records,
-        max_timestamp=entry.max_timestamp,
-        created_ms=entry.created_ms,
-        object=key,
-        position=entry.position,
-        codec=entry.codec,
     )

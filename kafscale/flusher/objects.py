@@ -126,22 +126,27 @@ def assemble(
     chunks = []
     for index, placed in zip(order, directory, strict=True):
         entry = entries[index]
-        record = SegmentRecord(
-            base_offset=entry.base_offset,
-            last_offset=entry.last_offset,
-            size=placed.size,
-            index_size=0,
-            records=entry.records,
-            max_timestamp=entry.max_timestamp,
-            created_ms=entry.created_ms,
-            object=key,
-            position=placed.position,
-            codec=entry.codec,
-        )
+        record = chunk_record(key, placed)
         chunks.append(
             Chunk(index, entry, record, view[placed.position : placed.position + placed.size])
         )
     return BuiltObject(key, created_ms, data, chunks, failures)
+
+
+def chunk_record(key: str, entry: wal.DirectoryEntry) -> SegmentRecord:
+    """The log entry of a chunk of write-ahead object ``key`` as its directory describes it."""
+    return SegmentRecord(
+        base_offset=entry.base_offset,
+        last_offset=entry.last_offset,
+        size=entry.size,
+        index_size=0,
+        records=entry.records,
+        max_timestamp=entry.max_timestamp,
+        created_ms=entry.created_ms,
+        object=key,
+        position=entry.position,
+        codec=entry.codec,
+    )
 
 
 def read_entry(entry: WalEntry) -> bytes:

@@ -36,10 +36,11 @@ import msgspec
 
 from kafscale import metrics
 from kafscale.config import Config
+from kafscale.flusher.objects import chunk_record
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Bulk, Reply, RpcError
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys, SegmentRecord, WalRecord
+from kafscale.metadata.records import Keys, WalRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.protocol.records import BatchHeader
 from kafscale.shards.producers import ProducerStates
@@ -139,18 +140,7 @@ def _chunk(key: str, adoption: Adoption) -> messages.ObjectChunk:
         topic=entry.topic,
         topic_id=entry.topic_id,
         partition=entry.partition,
-        chunk=SegmentRecord(
-            base_offset=entry.base_offset,
-            last_offset=entry.last_offset,
-            size=entry.size,
-            index_size=0,
-            records=entry.records,
-            max_timestamp=entry.max_timestamp,
-            created_ms=entry.created_ms,
-            object=key,
-            position=entry.position,
-            codec=entry.codec,
-        ),
+        chunk=chunk_record(key, entry),
         producers=adoption.producers,
     )
 
