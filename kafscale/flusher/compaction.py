@@ -38,12 +38,12 @@ from kafscale.config import Config
 from kafscale.flusher import compact_existing, compact_merge, compact_plan
 from kafscale.flusher.compact_plan import Limits, Load, Merge, PartitionKey, Seal
 from kafscale.flusher.compact_state import BACKOFF_S, Accumulator, backoff
+from kafscale.flusher.objects import EntryUnreadable, split_batches
 from kafscale.ipc import messages, routing
 from kafscale.ipc.rpc import Bulk, Reply, RpcError
 from kafscale.metadata import records as metadata_records
 from kafscale.metadata.records import Keys, SegmentRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
-from kafscale.protocol import records
 from kafscale.storage import segment as segments
 from kafscale.storage import wal
 from kafscale.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
@@ -446,17 +446,10 @@ class Compactor:
 
 def _split(data: bytes) -> list[memoryview]:
     """The batches of a chunk (verified when it was committed or loaded)."""
-    view = memoryview(data)
-    out, position = [], 0
-    while position < len(view):
-        if len(view) - position < records.HEADER.size:
-            raise CompactionFailed(f"a chunk ends inside a batch header at {position}")
-        size = records.read_header(view, position).size
-        if size < records.HEADER.size or position + size > len(view):
-            raise CompactionFailed(f"a chunk's batch at {position} does not frame ({size} bytes)")
-        out.append(view[position : position + size])
-        position += size
-    return out
+    try:
+        return split_batches(data)
+    except EntryUnreadable as exc:
+        raise CompactionFailed(f"a chunk does not frame: {exc}") from None
 
 
 def _values(store: MetadataStore, prefix: str) -> list[bytes]:
