@@ -204,7 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply record counts")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--label", default="", help="a word for the results' file names")
+    parser.add_argument(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="KAFSCALE_X=VALUE",
+        help="a setting of the KafScale targets (repeatable), e.g. KAFSCALE_FLUSH_INTERVAL_MS=500",
+    )
     args = parser.parse_args(argv)
+    broker_env = dict(item.split("=", 1) for item in args.broker_env)
+    if any(not key.startswith("KAFSCALE_") for key in broker_env):
+        parser.error("--broker-env takes KAFSCALE_NAME=VALUE")
 
     if args.list or not args.scenarios:
         for name, (title, _) in SCENARIOS.items():
@@ -234,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: {title}", flush=True)
         for target_name in targets:
             work = Path(tempfile.mkdtemp(prefix=f"kafscale-bench-{target_name}-"))
-            target = make_target(target_name, work, latency)
+            target = make_target(target_name, work, latency, broker_env)
             descriptions[target_name] = target.describe()
             print(f"  -- {target_name}", flush=True)
             bench = Bench(target, settings, tools)
@@ -255,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": descriptions,
         "settings": {
             **asdict(settings),
+            "broker_env": broker_env,
             "s3_latency": latency.describe() if latency else "none",
         },
         "scenarios": {name: SCENARIOS[name][0] for name in names},

@@ -109,11 +109,19 @@ class Target:
 
 
 class KafScaleTarget(Target):
-    def __init__(self, work_dir: Path, *, s3: bool, latency: S3Latency | None = None) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        s3: bool,
+        latency: S3Latency | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(work_dir)
         self.name = "kafscale-s3" if s3 else "kafscale"
         self.s3 = s3
         self.latency = latency
+        self.env = dict(env or {})  # KAFSCALE_* settings the run sets (--broker-env)
         self._etcd: EtcdServer | None = None
         self._minio: MinioServer | None = None
         # The latency proxy runs as a process of its own: in the benchmark's process its
@@ -135,7 +143,7 @@ class KafScaleTarget(Target):
         return self.broker.bootstrap
 
     def start(self) -> None:
-        overrides: dict[str, str] = {}
+        overrides: dict[str, str] = dict(self.env)
         if self.s3:
             self._etcd = EtcdServer(self.work_dir / "etcd")
             self._minio = MinioServer(self.work_dir / "minio")
@@ -301,11 +309,14 @@ def _required(server: T | None) -> T:
     return server
 
 
-def make_target(name: str, work_dir: Path, latency: S3Latency | None) -> Target:
+def make_target(
+    name: str, work_dir: Path, latency: S3Latency | None, env: dict[str, str] | None = None
+) -> Target:
+    """A target; ``env`` sets KAFSCALE_* variables of the KafScale targets (Kafka ignores it)."""
     if name == "kafscale":
-        return KafScaleTarget(work_dir, s3=False)
+        return KafScaleTarget(work_dir, s3=False, env=env)
     if name == "kafscale-s3":
-        return KafScaleTarget(work_dir, s3=True, latency=latency)
+        return KafScaleTarget(work_dir, s3=True, latency=latency, env=env)
     if name == "kafka":
         return KafkaTarget(work_dir)
     raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
