@@ -64,11 +64,16 @@ class Accumulator:
         with self._lock:
             part = self._partition(key, topic_id)
             part.segment_bytes = segment_bytes or part.segment_bytes
-            if any(chunk.base_offset == record.base_offset for chunk in part.chunks):
+            if not part.chunks or record.base_offset > part.chunks[-1].base_offset:
+                part.chunks.append(record)  # the usual case: commits come in offset order
+                position = len(part.chunks) - 1
+            elif any(chunk.base_offset == record.base_offset for chunk in part.chunks):
                 return
-            part.chunks.append(record)
-            part.chunks.sort(key=lambda chunk: chunk.base_offset)
-            follows_held = self._held_start(part) + len(part.data) == part.chunks.index(record)
+            else:
+                part.chunks.append(record)
+                part.chunks.sort(key=lambda chunk: chunk.base_offset)
+                position = part.chunks.index(record)
+            follows_held = self._held_start(part) + len(part.data) == position
             if follows_held and self._held + record.size <= self.bound:
                 part.data[record.base_offset] = bytes(data)
                 self._changed(record.size)

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 PARALLEL_JOBS = 4
 COMMIT_TIMEOUT_MS = 10_000
 IDLE_WAIT_S = 1.0  # re-plan at least this often (the age rule needs no event)
+MIN_PLAN_GAP_S = 0.2  # after a plan with nothing to do, the next one waits at least this
+PLAN_SPACING = 9  # ... and nine times as long as that plan took
 
 _J = TypeVar("_J", Seal, Load, Merge)
 _T = TypeVar("_T")
@@ -165,9 +167,16 @@ class Compactor:
                 self._closing.wait(backoff(failures))
         while not self._closing.is_set():
             self._wake.clear()
+            started = time.monotonic()
             try:
                 if not self.run_once():
-                    self._wake.wait(IDLE_WAIT_S)
+                    # A plan walks every uncompacted chunk record: after one that found
+                    # nothing to do, wait for news (a commit), but plan again no sooner than
+                    # PLAN_SPACING times that plan took (at most a tenth of a core), and at
+                    # least every IDLE_WAIT_S (the age rule needs no event).
+                    spacing = max(MIN_PLAN_GAP_S, PLAN_SPACING * (time.monotonic() - started))
+                    self._closing.wait(spacing)
+                    self._wake.wait(max(0.0, IDLE_WAIT_S - spacing))
             except Exception:  # a bug: keep the flusher up, try again later
                 log.exception("compaction round failed")
                 self._closing.wait(BACKOFF_S[1])

@@ -1,5 +1,6 @@
-"""Spark (local mode) reads topics straight from their segments: records produced by a real
-client through a real broker, compacted into spec segments, read back by
+"""Spark (local mode) reads topics straight from the bucket: records produced by a real
+client through a real broker, compacted into spec segments (in one test partly still in chunks
+of write-ahead objects), read back by
 ``spark.read.format("kafscale")`` from the embedded data directory, and from MinIO with etcd."""
 
 from __future__ import annotations
@@ -389,3 +390,48 @@ def test_the_example_pipeline_writes_hourly_parquet(start_broker: Any, tmp_path:
     expected = Counter((p, item.timestamp // hour * hour) for (p, _), item in produced.items())
     assert got == expected
     assert f"{RECORDS} records" in result.stdout
+
+
+def test_spark_reads_chunks_and_segments_alike(spark: Any, start_broker: Any) -> None:
+    """A topic whose older half is compacted into spec segments and whose newer half is still in
+    chunks of write-ahead objects: Spark reads every committed record of both, one row each."""
+    broker = start_broker(env=BROKER_ENV, ready=True)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=30)
+    half = RECORDS // 2
+
+    def send(bootstrap: str, numbers: range) -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20})
+        for i in numbers:
+            item = record(i)
+            producer.produce(
+                TOPIC,
+                value=item.value,
+                key=item.key,
+                partition=i % PARTITIONS,
+                timestamp=item.timestamp,
+                headers=item.headers,
+            )
+        assert producer.flush(60) == 0
+
+    send(broker.bootstrap, range(half))
+    wait_compacted(broker, {p: len(range(p, half, PARTITIONS)) for p in range(PARTITIONS)})
+    assert broker.terminate() == 0
+    # the same broker, now keeping chunks for an hour: the newer half stays in chunks
+    broker = start_broker(env={**broker.env, "KAFSCALE_COMPACTION_MAX_AGE_MS": "3600000"})
+    broker.wait_ready()
+    send(broker.bootstrap, range(half, RECORDS))
+    kinds = {
+        entry.is_chunk
+        for p in range(PARTITIONS)
+        for entry in committed_entries(broker.env, TOPIC, p)
+    }
+    assert kinds == {False, True}, "the log should hold segments and chunks"
+    rows = collect(spark, read_options(broker))
+    assert len(rows) == RECORDS
+    expected = {(i % PARTITIONS, i // PARTITIONS): record(i) for i in range(RECORDS)}
+    for row in rows:
+        item = expected[(row.partition, row.offset)]
+        assert (row.key, row.value) == (item.key, item.value)
+        assert [(h.key, h.value) for h in row.headers] == item.headers
+        assert int(row.timestamp.timestamp() * 1000) == item.timestamp
