@@ -97,6 +97,17 @@ class Holds:
         # A cycle number seen again is a new flusher counting from where a dead one did: its
         # buffers stay held until this cycle is answered, which releases what it did not name.
         state.cut_ms = now_ms
+        taken = self._take(cycle, state, offered)
+        if not state.held:
+            # Nothing handed over: the flusher answers only the shards its object holds, so a
+            # cycle kept here would wait for an answer that never comes (and, after
+            # KAFSCALE_S3_LATENCY_THRESHOLD_MS, count as a slow store and refuse produce).
+            del self._cycles[cycle]
+        return taken
+
+    def _take(
+        self, cycle: int, state: _Cycle, offered: Iterable[tuple[Key, Iterable[B]]]
+    ) -> list[tuple[Key, B]]:
         taken = []
         for key, buffers in offered:
             holds = self._holds.setdefault(key, {})

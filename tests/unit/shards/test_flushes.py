@@ -112,6 +112,20 @@ def test_cycles_unanswered_in_time_are_released() -> None:
     assert holds.held_bytes == 0
 
 
+def test_a_cut_that_takes_nothing_leaves_no_cycle_waiting() -> None:
+    # The flusher answers only the shards its object holds: a cycle that took nothing here
+    # must not wait for an answer (it would count as a slow store and refuse produce).
+    holds = Holds()
+    holds.cut(1, T0, [(A, bufs(0))])
+    assert holds.cut(2, T0 + 50, [(A, bufs(0))]) == []
+    assert holds.cut(3, T0 + 60, []) == []
+    assert holds.oldest_cut_ms() == T0
+    assert holds.settle(1, A, 0, committed=True) is Outcome.COMMITTED
+    assert holds.answered(1) == set()
+    assert holds.oldest_cut_ms() is None
+    assert holds.expire(T0 + 60 + FLUSH_TIMEOUT_MS) == []
+
+
 def test_a_cycle_number_seen_again_keeps_the_old_holds_until_it_is_answered() -> None:
     # A new flusher may count cycles from where a dead one did.
     holds = Holds()
