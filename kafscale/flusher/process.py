@@ -12,8 +12,8 @@ its I/O (docs/design/write-path.md, sections 4 and 5):
 - ONE commit thread asks the coordinator to commit (``CommitObject``), so commits reach it in
   cycle order, then hands each committed chunk to the compactor.
 
-Every worker reports back through a queue and wakes the loop over an inproc socket; all sockets
-but the commit thread's coordinator client belong to the loop thread. Object keys are
+Every worker reports back through a queue and wakes the loop with an eventfd; all sockets but
+the commit thread's coordinator client belong to the loop thread. Object keys are
 ``{ns}/!wal/{broker}/{token}/{seq}.wal`` with a token drawn at start, so no key repeats across
 incarnations; cycle numbers start at the start time (ms), so a shard never mistakes a cycle of
 this flusher for one of its predecessor's. On stop, no new cycle is cut; those in flight finish
@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import logging
+import os
 import queue
 import time
 from collections import deque
@@ -116,9 +117,7 @@ class Flusher:
         self.server = RpcServer(ctx.zmq_context, ctx.address())
         self.shards = [_shard_socket(ctx, i) for i in range(config.shards)]
         self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
-        self._wake_address = f"inproc://flusher-done-{id(self)}"
-        self._wake = ctx.zmq_context.socket(zmq.PULL)
-        self._wake.bind(self._wake_address)
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # written by workers
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             config.max_uploads_in_flight, "upload"
         )
@@ -147,8 +146,7 @@ class Flusher:
                 if socket in events:
                     self._take_cut_answers(shard, socket)
             if self._wake in events:
-                while self._wake.poll(0):
-                    self._wake.recv()
+                os.eventfd_read(self._wake)
             while not self._done.empty():
                 self._finish(self._done.get())
             self._run(self.cycles.tick(now_ms()))
@@ -317,10 +315,7 @@ class Flusher:
 
     def _report(self, done: Done) -> None:
         self._done.put(done)
-        wake = self.ctx.zmq_context.socket(zmq.PUSH)
-        wake.connect(self._wake_address)
-        wake.send(b"")
-        wake.close()
+        os.eventfd_write(self._wake, 1)
 
     def close(self) -> None:
         self._uploads.shutdown(wait=True)
@@ -329,7 +324,7 @@ class Flusher:
             self._coordinator.close()
         for socket in self.shards:
             socket.close(linger=0)
-        self._wake.close(linger=0)
+        os.close(self._wake)
         self.server.close()
 
 
