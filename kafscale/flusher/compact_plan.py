@@ -31,6 +31,7 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -114,6 +115,59 @@ class Merge:
 
 
 Job = Seal | Load | Merge
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What decides whether a partition can give the planner work, kept up to date as chunks
+    come (``kafscale.flusher.compact_state``) instead of walking them: the bytes of its
+    uncompacted chunks, those of them in merged objects, when its oldest chunk was sealed, and
+    whether its chunks break a run anywhere (offsets that do not continue, a codec change)."""
+
+    segment_bytes: int
+    total: int
+    merged: int
+    oldest_ms: int  # the first chunk's seal time (the age rule's)
+    broken: bool
+    paused: bool = False  # backing off after a failure
+
+
+def summarize(state: PartitionState) -> Summary:
+    """The summary of a partition's chunks, walking them (the accumulator keeps it up to date
+    without walking on its common path)."""
+    records = [chunk.record for chunk in state.chunks]
+    return Summary(
+        state.segment_bytes,
+        sum(record.size for record in records),
+        sum(chunk.size for chunk in state.chunks if chunk.merged),
+        records[0].created_ms if records else 0,
+        any(
+            chunk.base_offset != previous.last_offset + 1 or chunk.codec != records[0].codec
+            for previous, chunk in itertools.pairwise(records)
+        ),
+        state.paused,
+    )
+
+
+def may_have_work(summaries: Iterable[Summary], limits: Limits, now_ms: int) -> bool:
+    """False only if ``plan`` would return no job for these partitions (whatever the
+    accumulator holds of them): no run can be closed (every partition holds less than its
+    ``segment_bytes`` in unbroken chunks) or aged, and the bytes not in merged objects stay
+    under ``MERGE_AT`` of the bound. O(partitions), where a plan is O(chunks): the compactor
+    plans only when this says so. A partition backing off after a failure (``paused``) gets no
+    job from ``plan`` either, but its bytes count against the bound."""
+    demand = 0
+    for summary in summaries:
+        if summary.total <= 0:
+            continue
+        demand += summary.total - summary.merged
+        if not summary.paused and (
+            summary.broken
+            or summary.total >= summary.segment_bytes
+            or now_ms - summary.oldest_ms >= limits.max_age_ms
+        ):
+            return True
+    return demand > limits.buffer_bytes * MERGE_AT
 
 
 def first_run(state: PartitionState) -> tuple[tuple[Chunk, ...], bool]:

@@ -11,10 +11,13 @@ No I/O: a lock held for bookkeeping only. Invariants:
   ``bound``, are not kept (the chunk is read back later with its write-ahead object).
 - ``held`` is the total of the held bytes; it never passes ``bound`` except by one load into an
   empty accumulator (the planner's rule).
+- A partition's ``summary`` (``compact_plan.Summary``) describes its chunks as they are: updated
+  on the common path (a commit appending a chunk), recomputed after any other change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ class _Partition:
     data: dict[int, bytes] = field(default_factory=dict)  # base offset -> held chunk bytes
     failures: int = 0
     retry_at: float = 0.0
+    summary: compact_plan.Summary | None = None  # None: recompute from ``chunks``
 
 
 class Accumulator:
@@ -65,13 +69,15 @@ class Accumulator:
             part = self._partition(key, topic_id)
             part.segment_bytes = segment_bytes or part.segment_bytes
             if not part.chunks or record.base_offset > part.chunks[-1].base_offset:
-                part.chunks.append(record)  # the usual case: commits come in offset order
+                self._appended(part, record)  # the usual case: commits come in offset order
+                part.chunks.append(record)
                 position = len(part.chunks) - 1
             elif any(chunk.base_offset == record.base_offset for chunk in part.chunks):
                 return
             else:
                 part.chunks.append(record)
                 part.chunks.sort(key=lambda chunk: chunk.base_offset)
+                part.summary = None
                 position = part.chunks.index(record)
             follows_held = self._held_start(part) + len(part.data) == position
             if follows_held and self._held + record.size <= self.bound:
@@ -88,6 +94,7 @@ class Accumulator:
             known = {chunk.base_offset for chunk in part.chunks}
             part.chunks.extend(chunk for chunk in chunks if chunk.base_offset not in known)
             part.chunks.sort(key=lambda chunk: chunk.base_offset)
+            part.summary = None
             self._keep_held_run(part)
 
     def replace(
@@ -106,28 +113,23 @@ class Accumulator:
             newest = stored[-1].last_offset if stored else -1
             later = [chunk for chunk in part.chunks if chunk.base_offset > newest]
             part.chunks = [entry for entry in stored if entry.is_chunk] + later
+            part.summary = None
             self._keep_held_run(part)
+
+    def may_have_work(self, limits: compact_plan.Limits, now_ms: int, now: float) -> bool:
+        """Whether a plan could find a job now (``compact_plan.may_have_work``: O(partitions));
+        ``now_ms`` is wall-clock (chunks' seal times), ``now`` monotonic (back-offs)."""
+        with self._lock:
+            summaries = [
+                self._summary(part, now) for part in self._partitions.values() if part.chunks
+            ]
+        return compact_plan.may_have_work(summaries, limits, now_ms)
 
     def states(self, now: float) -> tuple[list[compact_plan.PartitionState], list[str]]:
         """What the planner needs: each partition's state, and the objects backing off."""
         with self._lock:
             states = [
-                compact_plan.PartitionState(
-                    key,
-                    part.topic_id,
-                    part.segment_bytes,
-                    tuple(
-                        compact_plan.Chunk(
-                            chunk,
-                            chunk.base_offset in part.data,
-                            chunk.object in self._merged_objects,
-                        )
-                        for chunk in part.chunks
-                    ),
-                    paused=part.retry_at > now,
-                )
-                for key, part in self._partitions.items()
-                if part.chunks
+                self._state(key, part, now) for key, part in self._partitions.items() if part.chunks
             ]
             paused = [key for key, (_, at) in self._paused_objects.items() if at > now]
         return states, paused
@@ -168,6 +170,7 @@ class Accumulator:
         with self._lock:
             self._merged_objects.update(keys)
             for part in self._partitions.values():
+                part.summary = None
                 self._keep_held_run(part)
 
     def merged(self, key: PartitionKey, chunk: SegmentRecord) -> None:
@@ -184,6 +187,7 @@ class Accumulator:
                 self._changed(-len(part.data.pop(c.base_offset, b"")))
             kept = [c for c in part.chunks if c not in covered]
             part.chunks = sorted([*kept, chunk], key=lambda c: c.base_offset)
+            part.summary = None
             self._keep_held_run(part)
 
     def topic_id(self, key: PartitionKey) -> str | None:
@@ -226,6 +230,7 @@ class Accumulator:
                 if chunk.base_offset <= segment.last_offset:
                     self._changed(-len(part.data.pop(chunk.base_offset, b"")))
             part.chunks = [c for c in part.chunks if c.base_offset > segment.last_offset]
+            part.summary = None
             part.failures = 0
 
     def drop(self, key: PartitionKey) -> None:
@@ -265,6 +270,48 @@ class Accumulator:
         part = self._partitions.pop(key, None)
         if part is not None:
             self._changed(-sum(map(len, part.data.values())))
+
+    def _state(
+        self, key: PartitionKey, part: _Partition, now: float = 0.0
+    ) -> compact_plan.PartitionState:
+        return compact_plan.PartitionState(
+            key,
+            part.topic_id,
+            part.segment_bytes,
+            tuple(
+                compact_plan.Chunk(
+                    chunk, chunk.base_offset in part.data, chunk.object in self._merged_objects
+                )
+                for chunk in part.chunks
+            ),
+            paused=part.retry_at > now,
+        )
+
+    def _appended(self, part: _Partition, record: SegmentRecord) -> None:
+        """Update the partition's summary for ``record`` about to follow its last chunk."""
+        summary = part.summary
+        if summary is None or not part.chunks:
+            part.summary = None
+            return
+        last, first = part.chunks[-1], part.chunks[0]
+        part.summary = compact_plan.Summary(
+            summary.segment_bytes,
+            summary.total + record.size,
+            summary.merged + (record.size if record.object in self._merged_objects else 0),
+            summary.oldest_ms,
+            summary.broken
+            or record.base_offset != last.last_offset + 1
+            or record.codec != first.codec,
+        )
+
+    def _summary(self, part: _Partition, now: float) -> compact_plan.Summary:
+        summary = part.summary
+        if summary is None:
+            summary = part.summary = compact_plan.summarize(self._state(PartitionKey("", 0), part))
+        # segment.bytes may change with any commit, a back-off with time: read them now.
+        return dataclasses.replace(
+            summary, segment_bytes=part.segment_bytes, paused=part.retry_at > now
+        )
 
     def _held_start(self, part: _Partition) -> int:
         """The number of the partition's leading chunks of merged objects."""

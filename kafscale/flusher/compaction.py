@@ -55,10 +55,15 @@ COMMIT_TIMEOUT_MS = 10_000
 IDLE_WAIT_S = 1.0  # re-plan at least this often (the age rule needs no event)
 MIN_PLAN_GAP_S = 0.2  # after a plan with nothing to do, the next one waits at least this
 PLAN_SPACING = 9  # ... and nine times as long as that plan took
+MIN_CHECK_GAP_S = 0.05  # between two checks whether a plan could find work
 
 _J = TypeVar("_J", Seal, Load, Merge)
 _T = TypeVar("_T")
 _Chunks = dict[tuple[PartitionKey, int], tuple[int, memoryview]]  # an object's, with positions
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)  # the clock of chunks' created_ms
 
 
 class CoordinatorClient(Protocol):
@@ -169,7 +174,13 @@ class Compactor:
             self._wake.clear()
             started = time.monotonic()
             try:
-                if not self.run_once():
+                if not self.accumulator.may_have_work(self.limits, now_ms(), started):
+                    # No partition can be sealed or merged (a check per partition, where a
+                    # plan walks every chunk): wait for news (a commit), at most IDLE_WAIT_S
+                    # (the age rule needs no event), at least MIN_CHECK_GAP_S.
+                    self._closing.wait(MIN_CHECK_GAP_S)
+                    self._wake.wait(IDLE_WAIT_S - MIN_CHECK_GAP_S)
+                elif not self.run_once():
                     # A plan walks every uncompacted chunk record: after one that found
                     # nothing to do, wait for news (a commit), but plan again no sooner than
                     # PLAN_SPACING times that plan took (at most a tenth of a core), and at
@@ -234,7 +245,7 @@ class Compactor:
 
     def _plan(self) -> list[compact_plan.Job]:
         states, paused = self.accumulator.states(time.monotonic())
-        return compact_plan.plan(states, self.limits, int(time.time() * 1000), paused)
+        return compact_plan.plan(states, self.limits, now_ms(), paused)
 
     def run_job(self, job: compact_plan.Job) -> None:
         """Carry out one job now (what ``run_once`` does for each of a plan's)."""

@@ -10,6 +10,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kafscale.flusher import compact_plan
 from kafscale.flusher.compact_plan import MAX_MERGED, Limits, Load, Merge, PartitionKey, Seal, plan
 from kafscale.flusher.compact_state import Accumulator
 from kafscale.metadata.records import SegmentRecord
@@ -104,7 +105,12 @@ class Simulation:
 
     def run(self, limits: Limits, now: int) -> int:
         states, paused = self.acc.states(0.0)
+        # The gate the compactor asks before planning: kept up to date as chunks come, it says
+        # what walking the chunks says, and is open whenever a plan finds work.
+        gate = compact_plan.may_have_work(map(compact_plan.summarize, states), limits, now)
+        assert self.acc.may_have_work(limits, now, 0.0) == gate
         jobs = plan(states, limits, now, paused)
+        assert gate or not jobs
         for job in jobs:
             if isinstance(job, Merge):
                 self.merge(job)

@@ -364,3 +364,73 @@ def test_repeated_plans_compact_everything_within_the_bound(
                         ),
                     )
     raise AssertionError("did not finish in 500 plans")
+
+
+# --- the gate before a plan ---------------------------------------------------------------------
+
+
+def test_the_gate_is_shut_while_runs_are_open_young_and_memory_is_free() -> None:
+    young = [state("a", chunks([30, 30])), state("b", chunks([10]))]
+    assert not compact_plan.may_have_work(map(compact_plan.summarize, young), limits(), NOW)
+    assert plan(young, limits(), NOW) == []
+
+
+def test_the_gate_opens_for_a_full_run_an_aged_one_a_broken_one_or_memory() -> None:
+    full = state("a", chunks([60, 40]))
+    aged = state("a", chunks([10], created=[1000]))
+    codec = state("a", chunks([10, 10], codecs=[0, 1]))
+    for case in (full, codec):
+        assert compact_plan.may_have_work([compact_plan.summarize(case)], limits(), NOW)
+    assert compact_plan.may_have_work([compact_plan.summarize(aged)], limits(), 1000 + HOUR)
+    assert not compact_plan.may_have_work([compact_plan.summarize(aged)], limits(), 999 + HOUR)
+    small = [state("a", chunks([30])), state("b", chunks([30]))]
+    assert compact_plan.may_have_work(
+        map(compact_plan.summarize, small), limits(buffer_bytes=79), NOW
+    )
+    assert not compact_plan.may_have_work(
+        map(compact_plan.summarize, small), limits(buffer_bytes=80), NOW
+    )
+
+
+def test_a_paused_partition_opens_the_gate_only_through_memory() -> None:
+    paused = state("a", chunks([60, 40]), paused=True)
+    assert not compact_plan.may_have_work([compact_plan.summarize(paused)], limits(), NOW)
+    assert compact_plan.may_have_work(
+        [compact_plan.summarize(paused)], limits(buffer_bytes=100), NOW
+    )
+
+
+@st.composite
+def gated_cases(draw: st.DrawFn) -> tuple[list[PartitionState], Limits, int]:
+    """``partitions_and_limits`` with leading merged chunks and gaps in offsets too."""
+    partitions, lim, now = draw(partitions_and_limits())
+    out = []
+    for p in partitions:
+        items = list(p.chunks)
+        merged = draw(st.integers(0, len(items)))
+        gap = draw(st.integers(0, len(items)))
+        shifted = []
+        for i, c in enumerate(items):
+            record = c.record
+            if 0 < gap <= i:
+                record = SegmentRecord(
+                    record.base_offset + 5, record.last_offset + 5, record.size, 0,
+                    record.records, record.max_timestamp, record.created_ms, record.object,
+                    record.position, record.codec,
+                )  # fmt: skip
+            if i < merged:
+                shifted.append(Chunk(record, held=False, merged=True))
+            else:
+                shifted.append(Chunk(record, c.held))
+        out.append(PartitionState(p.key, p.topic_id, p.segment_bytes, tuple(shifted), p.paused))
+    return out, Limits(lim.buffer_bytes, 1000, lim.max_jobs), now
+
+
+@settings(max_examples=600, deadline=None)
+@given(gated_cases(), st.sets(st.sampled_from([f"w{c:04d}" for c in range(12)])))
+def test_a_plan_finds_work_only_where_the_gate_is_open(
+    case: tuple[list[PartitionState], Limits, int], paused_objects: set[str]
+) -> None:
+    partitions, lim, now = case
+    if plan(partitions, lim, now, paused_objects):
+        assert compact_plan.may_have_work(map(compact_plan.summarize, partitions), lim, now)
