@@ -149,6 +149,11 @@ class Bench:
             s3_requests=dict(requests),
             extra=run.extra,
         )
+        if run.seconds > 0:
+            # What the broker spends per second of the client's run (runs of one scenario
+            # may last differently long on different targets: EndToEndLatency's lasts its
+            # records times the end-to-end latency).
+            result.extra["broker_cpu_per_second"] = usage.cpu_seconds / run.seconds
         self.results.append(result)
         print(f"    {summary(result)}", flush=True)
 

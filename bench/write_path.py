@@ -266,6 +266,8 @@ def e2e_idle(bench: Bench) -> None:
     topic = bench.topic(1)
     bench.measured("kafka-tools", lambda: bench.end_to_end_latency(topic, records))
     topic = bench.topic(1)
+    bench.measured("java-poller", lambda: idle_poll(bench, topic, s.idle_seconds))
+    topic = bench.topic(1)
     bench.measured(
         "confluent-kafka",
         lambda: py.end_to_end(
@@ -277,6 +279,25 @@ def e2e_idle(bench: Bench) -> None:
             consumer_config={"fetch.wait.max.ms": "0"},
         ),
     )
+
+
+def idle_poll(bench: Bench, topic: str, seconds: float) -> py.Run:
+    """The Java consumer (ConsumerPerformance) polling an empty topic with
+    fetch.max.wait.ms=0 for ``seconds``: the cost of its requests alone, over a fixed time on
+    every target (EndToEndLatency's run lasts its records times the end-to-end latency, so its
+    CPU-seconds grow with the latency, not only with what each request costs)."""
+    argv = bench.tools.consumer_performance_argv(
+        bench.target.bootstrap,
+        topic,
+        num_records=1,
+        poll_timeout_ms=int(seconds * 1000) * 2,
+        consumer_props={"fetch.max.wait.ms": "0"},
+    )
+    started = time.perf_counter()
+    output = run_tool_bounded(argv, seconds)
+    if not output.stopped:
+        raise PerfToolError(f"ConsumerPerformance ended before {seconds:.0f} s:\n{output.stderr}")
+    return py.Run(0, 0, time.perf_counter() - started)
 
 
 SCENARIOS: dict[str, tuple[str, Callable[[Bench], None]]] = {

@@ -409,6 +409,11 @@ def test_java_defaults_and_ratio_goals() -> None:
     )
     idem = {"scenario": "produce-acksall-idem-p6", "client": "kafka-tools"}
     idle = {"scenario": "e2e-idle-cpu", "client": "kafka-tools"}
+    poll = {"scenario": "e2e-idle-cpu", "client": "java-poller"}
+
+    def per_second(cpu: float) -> dict[str, float]:
+        return {"broker_cpu_per_second": cpu}
+
     text = "\n".join(
         goals.write_path_goals(
             _run_of(
@@ -418,8 +423,10 @@ def test_java_defaults_and_ratio_goals() -> None:
                 _result("kafscale", **idem, mb_per_sec=85.0),
                 _result("kafscale-s3", **idem, mb_per_sec=40.0),
                 _result("kafka", **idem, mb_per_sec=100.0),
-                _result("kafscale", **idle, broker_cpu_seconds=3.0),
-                _result("kafka", **idle, broker_cpu_seconds=1.3),
+                _result("kafscale", **idle, broker_cpu_seconds=3.0, extra=per_second(0.5)),
+                _result("kafka", **idle, broker_cpu_seconds=1.3, extra=per_second(0.1)),
+                _result("kafscale", **poll, broker_cpu_seconds=2.0),
+                _result("kafka", **poll, broker_cpu_seconds=1.0),
             )
         )
     )
@@ -427,4 +434,6 @@ def test_java_defaults_and_ratio_goals() -> None:
     assert "150/s = 60% of 250/s, 7 expired **missed**" in text
     assert "| produce-acksall-idem-p6, kafka-tools | 0.85x met | 0.40x **missed** |" in text
     assert "| e2e-idle-cpu, kafka-tools | 2.31x met | - |" in text
+    assert "| e2e-idle-cpu, java-poller | 2.00x met | - |" in text
+    assert "run (EndToEndLatency's lasts 120 x its latency) | e2e-idle-cpu, kafka-tools | 5.00x" in text
     assert "e2e-latency" not in text  # only the goals whose scenario ran
