@@ -51,6 +51,7 @@ from kafscale.supervisor.child import ChildContext
 log = logging.getLogger(__name__)
 
 TICK_MS = 20
+GAUGES_MS = 200  # how often the shard's gauges are set
 FLUSH_ALL_TIMEOUT_MS = 60_000
 DRAIN_S = 25  # how long a stopping shard waits for its data to be committed
 ACKS_ALL = -1
@@ -86,6 +87,7 @@ class Shard:
         # cycles fail or run slow.
         self.admission = Admission(self.config.buffer_bytes // self.config.shards)
         self._label = str(ctx.index)
+        self._gauges_at = 0  # when the gauges are set next (now_ms)
         metrics.S3_HEALTHY.labels(self._label).set(1)
         self.reads = ReadPath(
             self.config, objects, self.server, self._partition_for, self._label, now_ms, store
@@ -169,8 +171,11 @@ class Shard:
         self.cycles.tick(now)
         self._send(self.waiters.expire(now))
         self.reads.tick(now)
-        metrics.BUFFER_BYTES.labels(self._label).set(self.admission.unflushed)
-        metrics.S3_HEALTHY.labels(self._label).set(1 if self.admission.healthy(now) else 0)
+        if now >= self._gauges_at:  # the loop ticks after every batch of events
+            self._gauges_at = now + GAUGES_MS
+            metrics.BUFFER_BYTES.labels(self._label).set(self.admission.unflushed)
+            metrics.S3_HEALTHY.labels(self._label).set(1 if self.admission.healthy(now) else 0)
+            self.reads.publish()
 
     # -- appends -------------------------------------------------------------------------------
 

@@ -171,6 +171,10 @@ class ReadPath:
             self._unpark(op)
             self._settle(op)
 
+    def publish(self) -> None:
+        """Set the read path's gauges (the cache's sizes)."""
+        self.cache.publish()
+
     def on_completions(self) -> None:
         """Finish the object-store reads that completed (the shard polls ``wakeup_fd``)."""
         self.threads.on_completions()
