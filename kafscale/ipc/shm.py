@@ -28,10 +28,13 @@ stores visible out of order and pure Python cannot emit a fence: there neither o
 guaranteed, only made unlikely by the thousands of instructions between the stores, so on arm64
 check the CRC32C each record batch carries before serving it (a small C fence helper would fix it).
 
-Lifecycle: Python 3.11's resource tracker registers every SharedMemory, attach included, and
-unlinks it when the registering process tree exits, so a reader's exit would destroy a shard's
-buffer. We unregister right after create/attach: the owner unlinks on ``destroy()``, readers only
-``close()``, the supervisor sweeps a run's leftovers when the broker stops. A SIGKILLed shard's
+Lifecycle: segments are files in ``SHM_DIR`` mapped with ``mmap`` (``_Segment``), not
+``multiprocessing.shared_memory.SharedMemory``: Python 3.11's resource tracker registers every
+SharedMemory, attach included, and unlinks it when the registering process tree exits (a reader's
+exit would destroy a shard's buffer), and registering and unregistering each cost a round trip to
+the tracker process (with a buffer per partition per flush cycle, ~12% of the flusher's upload
+threads). The owner unlinks on ``destroy()``, readers only ``close()``, the supervisor sweeps a
+run's leftovers when the broker stops. A SIGKILLed shard's
 segments stay, so its successor (same run, same shard index) re-adopts them: ``shard_segments``
 lists them, ``attach(name, writable=True)`` takes one over (repairing a seqlock its predecessor
 left odd, see ``interrupted``), and the header says whose buffer it is (``owner()``: topic, topic
@@ -43,14 +46,12 @@ keep; ``truncate`` drops a tail that did not verify.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import struct
-import sys
 import time
 import weakref
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 
 # The names live in their own module; imported here too, where callers have always found them.
 from kafscale.ipc.shm_names import SHM_DIR as SHM_DIR
@@ -156,18 +157,41 @@ class BufferOwner:
 NO_OWNER = (0, 0, b"", 0, b"")  # a buffer nobody claims (tests); adoption discards it
 
 
-def _open(name: str, create: bool, size: int = 0) -> SharedMemory:
-    """Open a segment whose lifecycle is ours alone, not the resource tracker's."""
+class _Segment:
+    """One shared-memory segment, mapped: ``buf`` (the whole of it), ``size``, ``name``."""
+
+    def __init__(self, name: str, create: bool, size: int) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(os.path.join(SHM_DIR, name), flags, 0o600)  # FileExistsError/NotFound
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+            self._mmap: mmap.mmap | None = mmap.mmap(fd, size)  # ValueError if empty
+        finally:
+            os.close(fd)
+        self.name, self.size = name, size
+        self.buf: memoryview | None = memoryview(self._mmap)
+
+    def close(self) -> None:
+        """Unmap; BufferError while a view of ``buf`` is still alive (try again after)."""
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+
+def _open(name: str, create: bool, size: int = 0) -> _Segment:
+    """Open (or create, sized) a segment whose lifecycle is ours alone."""
     if not name or "/" in name:
         raise ValueError(f"invalid segment name {name!r}")
     try:
-        if sys.version_info >= (3, 13):
-            return SharedMemory(name, create=create, size=size, track=False)
-        shm = SharedMemory(name, create=create, size=size)
+        return _Segment(name, create, size)
     except ValueError as exc:  # mmap refuses an empty file
         raise BufferFormatError(f"segment {name!r} is empty: not a KafScale buffer") from exc
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
 
 
 class PartitionBuffer:
@@ -178,10 +202,10 @@ class PartitionBuffer:
     _batches: int
     _records: int
 
-    def __init__(self, shm: SharedMemory, writable: bool) -> None:
+    def __init__(self, shm: _Segment, writable: bool) -> None:
         """Use create() or attach(): this wraps an already validated segment."""
         assert shm.buf is not None
-        self._shm: SharedMemory | None = shm
+        self._shm: _Segment | None = shm
         self.name, self.writable = shm.name, writable
         self._mem = shm.buf if writable else shm.buf.toreadonly()
         fields = _LIVE.unpack_from(self._mem)
@@ -415,7 +439,7 @@ class PartitionBuffer:
         self.close()
 
 
-def _validate(shm: SharedMemory) -> None:
+def _validate(shm: _Segment) -> None:
     buf, name = shm.buf, shm.name
     assert buf is not None
     magic = bytes(buf[:4])
