@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata import topic_configs
-from kafscale.metadata.records import TopicRecord
+from kafscale.metadata.records import WRITE_PATH_WAL, TopicRecord
 from kafscale.metadata.topic_names import INTERNAL_TOPICS, name_error
 from kafscale.protocol.errors import ErrorCode
 
@@ -113,6 +113,7 @@ def _check_one(
         configs=configs,
         replication_factor=replication_factor,
         created_ms=time.time_ns() // 1_000_000,
+        write_path=WRITE_PATH_WAL,
     )
     return Creation(created(record), record)
 

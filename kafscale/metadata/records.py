@@ -41,6 +41,9 @@ class BrokerRecord(msgspec.Struct, frozen=True):
     run_id: str = ""
 
 
+WRITE_PATH_WAL = 2  # TopicRecord.write_path of a topic created with write-ahead objects
+
+
 class TopicRecord(msgspec.Struct, frozen=True):
     name: str
     topic_id: str  # UUID, canonical text form
@@ -50,6 +53,11 @@ class TopicRecord(msgspec.Struct, frozen=True):
     # Wall-clock creation time: a segment sealed before it belongs to an earlier topic of the
     # same name (an upload that raced the deletion) and is never adopted into this one.
     created_ms: int = 0
+    # The write path that created the topic: 1 (records written before this field existed),
+    # whose per-partition flushes may have left uploaded but uncommitted segments that a shard
+    # adopts on load (``kafscale.shards.recovery``), or ``WRITE_PATH_WAL``, which never leaves
+    # any, so its partitions load without listing the object store.
+    write_path: int = 1
 
 
 class PartitionRecord(msgspec.Struct, frozen=True):

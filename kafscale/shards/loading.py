@@ -1,7 +1,9 @@
 """Where a shard's partition state comes from, and the buffers it creates.
 
 - On first use (``load``): the committed partition record and segment list from the metadata
-  store, plus any segment uploaded but never committed (``kafscale.shards.recovery``).
+  store, plus any segment a previous version uploaded but never committed
+  (``kafscale.shards.recovery``): looked for only in a topic that version created, and only
+  until this version commits to the partition, so a load costs no object store request.
 - At boot, before the shard serves anything (``adopt_predecessor``): the buffers a crashed
   predecessor left in shared memory (``kafscale.shards.restart``), continuing the committed
   record they were read against. Every partition holding such buffers is loaded then, so no
@@ -24,7 +26,7 @@ from kafscale.config import Config
 from kafscale.ipc.rpc import RpcClient
 from kafscale.ipc.shm import BufferOwner, PartitionBuffer, segment_name
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys, PartitionRecord
+from kafscale.metadata.records import WRITE_PATH_WAL, Keys, PartitionRecord
 from kafscale.metadata.store import MetadataStore
 from kafscale.shards.adoption import Committed
 from kafscale.shards.partition import PartitionLog
@@ -54,24 +56,51 @@ class PartitionLoader:
         self.keys = Keys(config.s3_namespace)
         self.run_id, self.shard = run_id, shard
         self.last_slot = 0  # the highest slot number used (new buffers get the next ones)
+        # TopicRecord.write_path by topic id (it never changes): read once per topic, not once
+        # per partition.
+        self._write_paths: dict[str, int] = {}
 
     def load(self, topic: str, topic_id: str, index: int, topic_created_ms: int) -> PartitionLog:
-        """The partition as committed, after adopting uploaded but uncommitted segments."""
+        """The partition as committed, after adopting the segments a previous version uploaded
+        but never committed (if it can have left any)."""
         state = self._record(topic, topic_id, index)
         producers = ProducerStates.restore(state.producers)
-        high_watermark = adopt_uncommitted(
-            self.objects,
-            self.coordinator,
-            self.config.s3_namespace,
-            topic,
-            topic_id,
-            index,
-            state.high_watermark,
-            producers,
-            topic_created_ms=topic_created_ms,
-        )
+        high_watermark = state.high_watermark
+        if self._may_hold_uncommitted_segments(topic, topic_id, state):
+            high_watermark = adopt_uncommitted(
+                self.objects,
+                self.coordinator,
+                self.config.s3_namespace,
+                topic,
+                topic_id,
+                index,
+                state.high_watermark,
+                producers,
+                topic_created_ms=topic_created_ms,
+            )
         owner = BufferOwner(topic, topic_id, index, topic_created_ms)
         return self._open(owner, state.log_start_offset, high_watermark, producers)
+
+    def _may_hold_uncommitted_segments(
+        self, topic: str, topic_id: str, state: PartitionRecord
+    ) -> bool:
+        """Whether a previous version (write path 1) can have left an uncommitted segment at
+        the partition's high watermark: only worth an object store LIST if so.
+
+        Not once a commit of this version set the record's owner (every write-ahead commit
+        does, and one is only made after a load that adopted what there was), nor in a topic
+        this version created, nor in a topic that is gone (the coordinator would refuse to
+        commit into it)."""
+        if state.owner >= 0:
+            return False
+        write_path = self._write_paths.get(topic_id)
+        if write_path is None:
+            kv = self.store.get(self.keys.topic(topic))
+            record = records.decode_topic(kv.value) if kv is not None else None
+            if record is None or record.topic_id != topic_id:
+                return False
+            write_path = self._write_paths[topic_id] = record.write_path
+        return write_path < WRITE_PATH_WAL
 
     def adopt_predecessor(self, now_ms: int) -> list[PartitionLog]:
         """The partitions rebuilt from a crashed predecessor's buffers. Raises (changing

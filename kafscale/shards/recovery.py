@@ -1,11 +1,19 @@
-"""Adopting segments that reached the object store but were never committed.
+"""Adopting segments that a previous version uploaded but never committed.
 
-A crash between the flusher's upload and the coordinator's commit leaves ``.kfs``/``.index``
-objects at or beyond the high watermark. When a shard loads the partition it walks them in offset
-order: one that starts exactly at the high watermark and verifies (every CRC) is committed -- its
-batches' producer state included -- and the high watermark moves past it; anything corrupt, or
-not contiguous, is removed. So the committed log never has a gap, and a segment key is never
-written twice with different bytes.
+Under write path 1 (per-partition flushes), a crash between the flusher's upload and the
+coordinator's commit left ``.kfs``/``.index`` objects at or beyond the high watermark. When a
+shard loads the partition it walks them in offset order: one that starts exactly at the high
+watermark and verifies (every CRC) is committed -- its batches' producer state included -- and
+the high watermark moves past it; anything corrupt, or not contiguous, is removed. So the
+committed log never has a gap, and a segment key is never written twice with different bytes.
+
+Finding them costs a LIST of the partition's prefix, so the loader
+(``kafscale.shards.loading``) asks only where such a leftover can exist: in a topic created by
+that version (``TopicRecord.write_path`` 1) whose partition record this version has not yet
+committed to (``PartitionRecord.owner`` -1; every write-ahead commit sets it). Write path 2
+never leaves one: its uncommitted uploads are write-ahead objects, adopted by the flusher at
+boot (``kafscale.flusher.recovery``), and compaction writes segments only below the high
+watermark.
 
 Judged by the segment format alone (``parse_segment(verify=True)``): a segment whose batches
 frame, match their CRCs and run on without a gap is adopted even if a batch's records do not

@@ -21,8 +21,7 @@ import pytest
 
 from kafscale import config as configuration
 from kafscale.metadata import open_metadata_store
-from kafscale.metadata.records import Keys, SegmentRecord, TopicRecord, decode_topic
-from kafscale.metadata.records import encode as encode_record
+from kafscale.metadata.records import Keys, SegmentRecord, decode_topic
 from kafscale.protocol import records as batches
 from kafscale.storage import open_object_store, wal
 from kafscale.storage import segment as segments
@@ -94,7 +93,8 @@ def test_many_partitions_flush_in_one_object(
     start_broker: Callable[..., Any], backends: str
 ) -> None:
     """200 partitions with unflushed data, one flush: one PUT, one object, and every partition's
-    committed entry is a chunk of that object."""
+    committed entry is a chunk of that object. Loading the 200 partitions LISTs nothing (a topic
+    created now cannot hold a previous version's uncommitted segments)."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -104,6 +104,7 @@ def test_many_partitions_flush_in_one_object(
         ready=True,
     )
     partitions = 200
+    lists_before = s3_requests(broker, "list")
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic("wide", partitions, 1)])["wide"].result(30)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "1", "linger.ms": 20})
@@ -114,6 +115,7 @@ def test_many_partitions_flush_in_one_object(
     puts_before = s3_requests(broker, "put")
     explicit_flush(broker)
     assert s3_requests(broker, "put") - puts_before == 1
+    assert s3_requests(broker, "list") == lists_before
     objects = set()
     for p in range(partitions):
         [entry] = committed_entries(broker.env, "wide", p)
@@ -280,7 +282,10 @@ def test_a_bucket_written_by_the_previous_version_is_read_unchanged(
     start_broker: Callable[..., Any],
 ) -> None:
     """Spec segments and metadata records as the previous version wrote them (no chunk fields,
-    no owner): the new broker serves them, then appends after them."""
+    no owner, no write_path), and a segment it uploaded at the high watermark but never
+    committed: the new broker adopts that segment when it first loads the partition (one LIST),
+    serves them all, then appends after them. That append's commit made the partition its own,
+    so after a restart the partition loads without a LIST."""
     from confluent_kafka import Producer
 
     broker = start_broker(ready=True)
@@ -288,12 +293,12 @@ def test_a_bucket_written_by_the_previous_version_is_read_unchanged(
     config = configuration.load(broker.env)
     keys = Keys(config.s3_namespace)
     topic_id = str(uuid.uuid4())
-    values = [b"old-%d" % i for i in range(10)]
+    values = [b"old-%d" % i for i in range(15)]
     store = open_metadata_store(config)
     objects = open_object_store(config)
     try:
         bodies = []
-        for first in (0, 5):
+        for first in (0, 5, 10):
             records = [(None, v, (), 1_700_000_000_000) for v in values[first : first + 5]]
             bodies.append((first, batches.build_batch(records, base_offset=first)))
         for first, batch in bodies:
@@ -304,6 +309,8 @@ def test_a_bucket_written_by_the_previous_version_is_read_unchanged(
             assert objects.put_if_absent(
                 segments.index_key(config.s3_namespace, "legacy", 0, first), index
             )
+            if first == 10:
+                continue  # uploaded, then the previous version crashed before the commit
             old_record = {  # the previous version's SegmentRecord: no object/position/codec
                 "base_offset": first, "last_offset": first + 4, "size": len(kfs),
                 "index_size": len(index), "records": 5,
@@ -311,8 +318,9 @@ def test_a_bucket_written_by_the_previous_version_is_read_unchanged(
                 "created_ms": 1_700_000_000_000,
             }  # fmt: skip
             store.put(keys.segment("legacy", 0, first), json.dumps(old_record).encode())
-        topic = TopicRecord(name="legacy", topic_id=topic_id, partitions=1, created_ms=1)
-        store.put(keys.topic("legacy"), encode_record(topic))
+        old_topic = {"name": "legacy", "topic_id": topic_id, "partitions": 1, "configs": {},
+                     "replication_factor": 1, "created_ms": 1}  # fmt: skip
+        store.put(keys.topic("legacy"), json.dumps(old_topic).encode())
         old_partition = {"topic_id": topic_id, "high_watermark": 10, "log_start_offset": 0,
                          "producers": {}}  # fmt: skip
         store.put(keys.partition("legacy", 0), json.dumps(old_partition).encode())
@@ -320,15 +328,22 @@ def test_a_bucket_written_by_the_previous_version_is_read_unchanged(
         objects.close()
         store.close()
     restarted = start_broker(env=broker.env, ready=True)
-    assert consume_all(restarted.bootstrap, "legacy", 1, 10) == values
+    lists_before = s3_requests(restarted, "list")
+    assert consume_all(restarted.bootstrap, "legacy", 1, 15) == values
+    assert s3_requests(restarted, "list") - lists_before == 1  # the adoption's
     producer = Producer({"bootstrap.servers": restarted.bootstrap, "acks": "all"})
-    producer.produce("legacy", b"new-10", partition=0)
+    producer.produce("legacy", b"new-15", partition=0)
     assert producer.flush(30) == 0
     entries = committed_entries(restarted.env, "legacy", 0)
-    assert [e.is_chunk for e in entries] == [False, False, True]
+    assert [e.is_chunk for e in entries] == [False, False, False, True]
     assert all(isinstance(e.record, SegmentRecord) for e in entries)
-    assert entries[-1].record.base_offset == 10
+    assert entries[-1].record.base_offset == 15
     assert [r.value for r in committed_records(restarted.env, "legacy", 0)] == [
         *values,
-        b"new-10",
+        b"new-15",
     ]
+    assert restarted.terminate() == 0
+    again = start_broker(env=broker.env, ready=True)
+    lists_before = s3_requests(again, "list")
+    assert consume_all(again.bootstrap, "legacy", 1, 16) == [*values, b"new-15"]
+    assert s3_requests(again, "list") == lists_before
