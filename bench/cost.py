@@ -146,24 +146,55 @@ def put_goal_per_sec(flush_interval_ms: float, segments_per_sec: float = 0.0) ->
     return 1000 / flush_interval_ms + SEGMENT_PUTS * segments_per_sec
 
 
-def projected_compaction_puts_per_sec(
+@dataclass(frozen=True)
+class Compaction:
+    """Compaction's projected steady-state requests a second: segment PUTs (`.kfs` + `.index`)
+    and merged objects (`put`), ranged GETs of merged chunks at seal (`get`), and the segment
+    size it comes to (`segment_bytes`)."""
+
+    put: float
+    get: float
+    segment_bytes: float
+
+
+def projected_compaction(
     *,
     stored_bytes_per_sec: float,
     partitions: int,
     segment_bytes: int,
     max_age_ms: int,
     buffer_bytes: int,
-) -> float:
-    """Compaction's PUTs per second once the run has gone on for hours, for a load spread evenly
-    over `partitions` (a run of minutes seals nothing: 4 MiB takes hours to fill). A partition's
-    segment is sealed at the smallest of `segment.bytes`, what it receives in the maximum age,
-    and its share of the compaction buffer (when the buffer is full the fullest partitions are
-    sealed first, which for an even load is every partition at about that share)."""
+) -> Compaction:
+    """Compaction's requests once the run has gone on for hours, for a load spread evenly over
+    `partitions` (a run of minutes seals nothing: 4 MiB takes hours to fill), following the
+    planner (`kafscale.flusher.compact_plan`, docs/design/write-path.md sections 6 and 10):
+
+    - a partition is sealed at `segment.bytes`, or at what it receives in the maximum age;
+    - when the bytes of that age pass MERGE_AT of the buffer, merges run, one merged object
+      each time MERGE_BYTES of the buffer has come in; a partition seals at MAX_MERGED merged
+      chunks at the latest, and partitions past SEAL_SOON of `segment.bytes` are sealed when
+      memory is short (counted at SEAL_SOON: the worst case);
+    - a seal reads each merged chunk of its partition with one ranged GET: for an even load,
+      every partition's share of each merge is read once."""
+    from kafscale.flusher import compact_plan  # the planner's constants
+
     if stored_bytes_per_sec <= 0 or partitions <= 0:
-        return 0.0
-    per_partition = stored_bytes_per_sec / partitions
-    segment = min(segment_bytes, per_partition * max_age_ms / 1000, buffer_bytes / partitions)
-    return SEGMENT_PUTS * stored_bytes_per_sec / segment if segment > 0 else float("inf")
+        return Compaction(0.0, 0.0, 0.0)
+    rate = stored_bytes_per_sec
+    per_partition = rate / partitions
+    age = per_partition * max_age_ms / 1000
+    segment = min(float(segment_bytes), age)
+    merges = 0.0  # merged objects a second
+    if rate * max_age_ms / 1000 > buffer_bytes * compact_plan.MERGE_AT and buffer_bytes > 0:
+        merge_seconds = buffer_bytes * compact_plan.MERGE_BYTES / rate
+        merges = 1 / merge_seconds
+        if segment >= segment_bytes:
+            segment = segment_bytes * compact_plan.SEAL_SOON
+        segment = min(segment, per_partition * merge_seconds * compact_plan.MAX_MERGED)
+    if segment <= 0:
+        return Compaction(float("inf"), 0.0, 0.0)
+    seals = rate / segment
+    return Compaction(SEGMENT_PUTS * seals + merges, partitions * merges, segment)
 
 
 def records_per_batch(batch_size: int, record_size: int) -> int:

@@ -71,6 +71,7 @@ def projected_rates(extra: dict[str, float]) -> dict[str, float]:
     rates["put"] = (
         rates.get("put", 0.0) - measured + extra.get("projected_compaction_puts_per_sec", 0.0)
     )
+    rates["get"] = rates.get("get", 0.0) + extra.get("projected_compaction_gets_per_sec", 0.0)
     return rates
 
 
@@ -236,6 +237,18 @@ COST_ROWS: list[tuple[str, Callable[[dict[str, float]], float | None], str]] = [
     (
         "compaction PUTs/s, projected",
         lambda e: e.get("projected_compaction_puts_per_sec"),
+        "{:.2f}",
+    ),
+    (
+        "compaction ranged GETs/s, projected",
+        lambda e: e.get("projected_compaction_gets_per_sec"),
+        "{:.2f}",
+    ),
+    (
+        "segment MiB, projected",
+        lambda e: (
+            e["projected_segment_bytes"] / (1 << 20) if "projected_segment_bytes" in e else None
+        ),
         "{:.2f}",
     ),
     (

@@ -80,16 +80,19 @@ def broker_figures(target: Target, figures: dict[str, float], partitions: int) -
     if config is None:
         return {}
     stored_rate = figures["steady_mb_per_sec"] * (1 << 20) * figures.get("stored_ratio", 1.0)
+    projected = cost.projected_compaction(
+        stored_bytes_per_sec=stored_rate,
+        partitions=partitions,
+        segment_bytes=config.segment_bytes,
+        max_age_ms=config.compaction_max_age_ms,
+        buffer_bytes=config.compaction_buffer_bytes,
+    )
     return {
         "flush_interval_ms": float(config.flush_interval),
         "segment_bytes": float(config.segment_bytes),
-        "projected_compaction_puts_per_sec": cost.projected_compaction_puts_per_sec(
-            stored_bytes_per_sec=stored_rate,
-            partitions=partitions,
-            segment_bytes=config.segment_bytes,
-            max_age_ms=config.compaction_max_age_ms,
-            buffer_bytes=config.compaction_buffer_bytes,
-        ),
+        "projected_compaction_puts_per_sec": projected.put,
+        "projected_compaction_gets_per_sec": projected.get,
+        "projected_segment_bytes": projected.segment_bytes,
     }
 
 

@@ -256,31 +256,38 @@ def test_window_rates_over_the_steady_part() -> None:
         cost.window(last, first, record_size=1024)
 
 
-def test_projected_compaction_puts() -> None:
+def test_projected_compaction_follows_the_planner() -> None:
     rate = 100e9 / 86_400  # the appendix's bytes a second, stored 1:1
     mib = 1 << 20
     common = {"segment_bytes": 4 * mib, "max_age_ms": 3_600_000, "buffer_bytes": 512 * mib}
-    # 300 partitions: each one's share of the 512 MiB buffer (1.7 MiB) seals its segments.
-    p300 = cost.projected_compaction_puts_per_sec(
-        stored_bytes_per_sec=rate, partitions=300, **common
-    )
-    assert p300 == pytest.approx(2 * rate / (512 * mib / 300))
-    # 3 partitions: 4 MiB segments.
-    p3 = cost.projected_compaction_puts_per_sec(stored_bytes_per_sec=rate, partitions=3, **common)
-    assert p3 == pytest.approx(2 * rate / (4 * mib))
-    # Sparse partitions and a big buffer: the maximum age seals them.
-    sparse = cost.projected_compaction_puts_per_sec(
-        stored_bytes_per_sec=3000.0,
-        partitions=3000,
+    merge_seconds = 256 * mib / rate  # a merged object each time half the buffer came in
+    # 300 partitions: merges free the buffer; partitions are sealed at SEAL_SOON (3 MiB) when
+    # memory is short; each partition's share of each merge is read back once by range.
+    p300 = cost.projected_compaction(stored_bytes_per_sec=rate, partitions=300, **common)
+    assert p300.segment_bytes == pytest.approx(3 * mib)
+    assert p300.put == pytest.approx(2 * rate / (3 * mib) + 1 / merge_seconds)
+    assert p300.get == pytest.approx(300 / merge_seconds)
+    # 3,000 partitions: the maximum age seals 1.4 MB (before 16 merged chunks, 1.44 MB).
+    p3000 = cost.projected_compaction(stored_bytes_per_sec=rate, partitions=3000, **common)
+    assert p3000.segment_bytes == pytest.approx(rate / 3000 * 3600)
+    assert p3000.put == pytest.approx(2 * 3000 / 3600 + 1 / merge_seconds)
+    # Three partitions, a buffer that holds an hour: full 4 MiB segments, no merges.
+    p3 = cost.projected_compaction(
+        stored_bytes_per_sec=rate,
+        partitions=3,
         segment_bytes=4 * mib,
         max_age_ms=3_600_000,
         buffer_bytes=1 << 40,
     )
-    assert sparse == pytest.approx(2 * 3000 / 3600)
-    assert (
-        cost.projected_compaction_puts_per_sec(stored_bytes_per_sec=0.0, partitions=3, **common)
-        == 0.0
-    )
+    assert (p3.segment_bytes, p3.get) == (4 * mib, 0.0)
+    assert p3.put == pytest.approx(2 * rate / (4 * mib))
+    # Few partitions, a small buffer: 16 merged chunks come before the segment fills.
+    small = cost.projected_compaction(
+        stored_bytes_per_sec=rate, partitions=30, segment_bytes=64 * mib,
+        max_age_ms=3_600_000, buffer_bytes=8 * mib,
+    )  # fmt: skip
+    assert small.segment_bytes == pytest.approx(rate / 30 * (4 * mib / rate) * 16)
+    assert cost.projected_compaction(stored_bytes_per_sec=0.0, partitions=3, **common).put == 0.0
 
 
 def test_producer_bound_is_five_full_batches_per_round_trip() -> None:
