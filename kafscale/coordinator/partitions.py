@@ -352,4 +352,5 @@ def _answer(request: CommitObject, index: int, verdict: Verdict) -> ChunkCommitt
         high_watermark=verdict.high_watermark if verdict.outcome is not Outcome.COMMIT else -1,
         error=verdict.error if verdict.outcome is not Outcome.COMMIT else "not committed",
         topic_gone=verdict.outcome is Outcome.TOPIC_GONE,
+        earlier=verdict.outcome is Outcome.COMMITTED,
     )

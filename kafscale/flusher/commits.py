@@ -64,7 +64,9 @@ def entry_results(
                 high_watermark=answer.high_watermark,
                 error=answer.error,
                 topic_gone=answer.topic_gone,
-                segment=chunk.record if answer.committed else None,
+                # Committed earlier: the log's chunk is in another object; None makes the
+                # shard read the partition's entries back.
+                segment=chunk.record if answer.committed and not answer.earlier else None,
             )
     missing = [i for i, result in enumerate(results) if result is None]
     if missing:

@@ -278,7 +278,7 @@ class Flusher:
         if self.compactor is None:
             return
         for chunk in built.chunks:
-            if results[chunk.index].committed:
+            if results[chunk.index].segment is not None:  # committed, by this object
                 entry = chunk.entry
                 self.compactor.committed(
                     entry.topic,

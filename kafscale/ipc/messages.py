@@ -244,7 +244,9 @@ class EntryResult(msgspec.Struct, frozen=True):
     error: str | None = None
     storage_error: bool = False  # S3 or the metadata store failed: a health signal
     topic_gone: bool = False  # the topic was deleted: the shard drops the partition's data
-    segment: SegmentRecord | None = None  # the committed entry, for the shard's segment list
+    # The committed entry, for the shard's segment list; None when committed by an earlier
+    # attempt (the shard reads the partition's entries back).
+    segment: SegmentRecord | None = None
 
 
 class ObjectCommitted(Message, frozen=True):
@@ -279,6 +281,9 @@ class ChunkCommitted(msgspec.Struct, frozen=True):
     high_watermark: int  # the partition's committed high watermark after the call; -1 unknown
     error: str | None = None
     topic_gone: bool = False
+    # Committed by an earlier attempt (a retry after a lost answer, a re-offered buffer): the
+    # log lists the chunk of that attempt's object, not of this one; nothing was written.
+    earlier: bool = False
 
 
 class ObjectCommitResult(Message, frozen=True):

@@ -75,6 +75,21 @@ def test_each_entry_hears_its_own_outcome_in_cycle_order() -> None:
     assert left_out.error is not None and "buffer reused" in left_out.error
 
 
+def test_a_chunk_committed_by_an_earlier_attempt_names_no_entry() -> None:
+    # The log lists the chunk of the earlier attempt's object: the shard must read the
+    # partition's entries back, not list this object's chunk, and the compactor not take it.
+    reply = messages.ObjectCommitResult(
+        results=[
+            ChunkCommitted("t", 0, 0, committed=True, high_watermark=5, earlier=True),
+            ChunkCommitted("t", 1, 10, committed=True, high_watermark=15),
+        ]
+    )
+    object_ = built()
+    fresh, earlier, _ = commits.entry_results(ENTRIES, object_, reply)
+    assert earlier.committed and earlier.high_watermark == 5 and earlier.segment is None
+    assert fresh.committed and fresh.segment == object_.chunks[1].record
+
+
 def test_a_deleted_topic_is_said_so() -> None:
     reply = messages.ObjectCommitResult(
         results=[
