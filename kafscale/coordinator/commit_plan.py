@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
 
-from kafscale.ipc.messages import CommitCompaction, CommitObject, ObjectChunk
+from kafscale.ipc.write_path import CommitCompaction, CommitObject, ObjectChunk
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord
 from kafscale.metadata.store import Compare, Put

@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kafscale.ipc.messages import CommitCompaction, CommitMerge, MergeCommitted, SegmentCommitted
 from kafscale.ipc.rpc import Incoming
+from kafscale.ipc.write_path import CommitCompaction, CommitMerge, MergeCommitted, SegmentCommitted
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, SegmentRecord
 from kafscale.metadata.store import (

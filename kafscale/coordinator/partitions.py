@@ -26,14 +26,14 @@ from typing import Protocol
 
 import msgspec
 
-from kafscale.ipc.messages import (
+from kafscale.ipc.rpc import Incoming
+from kafscale.ipc.write_path import (
     ChunkCommitted,
     CommitObject,
     CommitSegment,
     ObjectCommitResult,
     SegmentCommitted,
 )
-from kafscale.ipc.rpc import Incoming
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, PartitionRecord, TopicRecord
 from kafscale.metadata.store import Compare, MetadataStore, MetadataStoreError, Put

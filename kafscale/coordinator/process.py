@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from kafscale.ipc import messages
+from kafscale.ipc import messages, write_path
 from kafscale.ipc.rpc import Handler, Incoming, RpcServer, serve_until
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord, Keys
@@ -104,10 +104,10 @@ def run(ctx: ChildContext) -> None:
                         messages.Ping: lambda _: ctx.pong(),
                         messages.CreateTopics: admin.handle_create,
                         messages.DeleteTopics: admin.handle_delete,
-                        messages.CommitSegment: committer.handle,
-                        messages.CommitObject: committer.handle_object,
-                        messages.CommitCompaction: compactions.handle,
-                        messages.CommitMerge: compactions.handle_merge,
+                        write_path.CommitSegment: committer.handle,
+                        write_path.CommitObject: committer.handle_object,
+                        write_path.CommitCompaction: compactions.handle,
+                        write_path.CommitMerge: compactions.handle_merge,
                         messages.AllocateProducerId: producer_ids.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),

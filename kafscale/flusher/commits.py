@@ -15,15 +15,15 @@ from collections.abc import Sequence
 
 from kafscale.flusher.cycle import failed
 from kafscale.flusher.objects import BuiltObject
-from kafscale.ipc import messages
-from kafscale.ipc.messages import EntryResult, WalEntry
+from kafscale.ipc import messages, write_path
+from kafscale.ipc.write_path import EntryResult, WalEntry
 from kafscale.metadata.records import WalRecord
 
 
-def commit_request(built: BuiltObject, broker_id: int) -> messages.CommitObject:
+def commit_request(built: BuiltObject, broker_id: int) -> write_path.CommitObject:
     """The ``CommitObject`` of an object with at least one chunk."""
     chunks = [
-        messages.ObjectChunk(
+        write_path.ObjectChunk(
             topic=chunk.entry.topic,
             topic_id=chunk.entry.topic_id,
             partition=chunk.entry.partition,
@@ -39,7 +39,7 @@ def commit_request(built: BuiltObject, broker_id: int) -> messages.CommitObject:
         broker_id=broker_id,
         entries=[(c.topic, c.partition, c.chunk.base_offset) for c in chunks],
     )
-    return messages.CommitObject(wal=wal, chunks=chunks, owner=broker_id, leader_epoch=0)
+    return write_path.CommitObject(wal=wal, chunks=chunks, owner=broker_id, leader_epoch=0)
 
 
 def entry_results(
@@ -74,11 +74,13 @@ def entry_results(
     return [result for result in results if result is not None]
 
 
-def _answers(reply: messages.Message | None, count: int) -> Sequence[messages.ChunkCommitted | str]:
+def _answers(
+    reply: messages.Message | None, count: int
+) -> Sequence[write_path.ChunkCommitted | str]:
     """The coordinator's answer per chunk, or the same failure text for every chunk."""
     if reply is None and count == 0:
         return []
-    if isinstance(reply, messages.ObjectCommitResult) and len(reply.results) == count:
+    if isinstance(reply, write_path.ObjectCommitResult) and len(reply.results) == count:
         return reply.results
     if isinstance(reply, messages.ErrorReply):
         return [f"the coordinator could not commit: {reply.message}"] * count

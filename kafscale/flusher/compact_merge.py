@@ -27,7 +27,7 @@ from kafscale import metrics
 from kafscale.flusher.compact_plan import Merge, PartitionKey
 from kafscale.flusher.compact_state import Accumulator
 from kafscale.flusher.objects import chunk_record
-from kafscale.ipc import messages, routing
+from kafscale.ipc import messages, routing, write_path
 from kafscale.ipc.rpc import Bulk, Reply
 from kafscale.metadata.records import SegmentRecord, WalRecord
 from kafscale.protocol import records
@@ -94,7 +94,7 @@ class Merger:
             merged=True,
         )
         runs = [
-            messages.CommitCompaction(
+            write_path.CommitCompaction(
                 entry.topic,
                 topic_ids[PartitionKey(entry.topic, entry.partition)],
                 entry.partition,
@@ -104,8 +104,8 @@ class Merger:
             )
             for entry in entries
         ]
-        reply = edges.call(messages.CommitMerge(record, runs), (), COMMIT_TIMEOUT_MS).message
-        if not isinstance(reply, messages.MergeCommitted) or len(reply.results) != len(runs):
+        reply = edges.call(write_path.CommitMerge(record, runs), (), COMMIT_TIMEOUT_MS).message
+        if not isinstance(reply, write_path.MergeCommitted) or len(reply.results) != len(runs):
             raise MergeFailed(f"the coordinator could not commit the merge: {reply!r}")
         merged_bytes = 0
         for run, result in zip(runs, reply.results, strict=True):
@@ -120,7 +120,9 @@ class Merger:
             self.accumulator.merged(partition, run.segment)
             merged_bytes += run.segment.size
             shard = routing.shard_for(run.topic_id, run.partition, self.shards)
-            notice = messages.SegmentsCompacted(run.topic, run.topic_id, run.partition, run.segment)
+            notice = write_path.SegmentsCompacted(
+                run.topic, run.topic_id, run.partition, run.segment
+            )
             try:
                 edges.notify(shard, notice)
             except Exception:  # the shard's reads find the chunks gone and reload: not fatal

@@ -39,7 +39,7 @@ from kafscale.flusher import compact_existing, compact_merge, compact_plan
 from kafscale.flusher.compact_plan import Limits, Load, Merge, PartitionKey, Seal
 from kafscale.flusher.compact_state import BACKOFF_S, Accumulator, backoff
 from kafscale.flusher.objects import EntryUnreadable, split_batches
-from kafscale.ipc import messages, routing
+from kafscale.ipc import messages, routing, write_path
 from kafscale.ipc.rpc import Bulk, Reply, RpcError
 from kafscale.metadata import records as metadata_records
 from kafscale.metadata.records import Keys, SegmentRecord
@@ -334,13 +334,13 @@ class Compactor:
             created_ms=created_ms,
             codec=first.codec,
         )
-        request = messages.CommitCompaction(
+        request = write_path.CommitCompaction(
             key.topic, topic_id, key.partition, first.base_offset, segment.last_offset, segment
         )
         reply = self._coordinator().call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
         if isinstance(reply, messages.ErrorReply):
             raise CompactionFailed(f"the coordinator could not commit: {reply.message}")
-        if not isinstance(reply, messages.SegmentCommitted):
+        if not isinstance(reply, write_path.SegmentCommitted):
             raise CompactionFailed(f"unexpected reply from the coordinator: {reply!r}")
         if reply.committed or self._committed_record(key, first.base_offset) == segment:
             self._compacted(key, topic_id, segment)
@@ -423,7 +423,7 @@ class Compactor:
         shard = routing.shard_for(topic_id, key.partition, self._shards)
         try:
             self._notify(
-                shard, messages.SegmentsCompacted(key.topic, topic_id, key.partition, segment)
+                shard, write_path.SegmentsCompacted(key.topic, topic_id, key.partition, segment)
             )
         except Exception:  # the shard's reads find the chunks gone and reload: not fatal
             log.exception("could not tell shard %d of a compaction", shard)

@@ -29,7 +29,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kafscale.ipc.messages import EntryResult, ShardPending, WalEntry
+from kafscale.ipc.write_path import EntryResult, ShardPending, WalEntry
 
 CUT_TIMEOUT_MS = 1000  # a shard that has not answered a cut by then is left out of the cycle
 

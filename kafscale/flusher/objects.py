@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kafscale import metrics
-from kafscale.ipc.messages import WalEntry
 from kafscale.ipc.shm import PartitionBuffer, PartitionBufferError
+from kafscale.ipc.write_path import WalEntry
 from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol import records
 from kafscale.storage import wal

@@ -41,9 +41,9 @@ from kafscale.flusher import commits, cycle, objects, recovery
 from kafscale.flusher.compaction import Compactor
 from kafscale.flusher.cycle import Answer, Build, Commit, Cycles, Instruction, Limits, SendCut
 from kafscale.flusher.objects import BuiltObject, KeyTaken
-from kafscale.ipc import endpoints, messages
-from kafscale.ipc.messages import EntryResult
+from kafscale.ipc import endpoints, messages, write_path
 from kafscale.ipc.rpc import REQUEST_ID, RpcClient, RpcError, RpcServer
+from kafscale.ipc.write_path import EntryResult
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import SegmentRecord
 from kafscale.storage import open_object_store, wal
@@ -160,7 +160,7 @@ class Flusher:
     def _serve_requests(self) -> None:
         while (incoming := self.server.recv(0)) is not None:
             message = incoming.message
-            if isinstance(message, messages.ShardPending):
+            if isinstance(message, write_path.ShardPending):
                 self._run(self.cycles.pending(message, now_ms()))  # a notice: no reply
             elif isinstance(message, messages.Ping):
                 self.server.reply(incoming, self.ctx.pong())
@@ -175,7 +175,7 @@ class Flusher:
                 answer = messages.decode(frames[1]) if len(frames) >= 2 else None
             except msgspec.DecodeError:
                 answer = None
-            if not isinstance(answer, messages.CutEntries):
+            if not isinstance(answer, write_path.CutEntries):
                 log.warning("unexpected answer from a shard", extra={"shard": shard})
                 continue
             now = now_ms()
@@ -216,7 +216,7 @@ class Flusher:
         metrics.WAL_CUTS.labels(send.reason).inc()
         self._cut_at[send.cycle] = time.monotonic()
         out: list[Instruction] = []
-        request = [REQUEST_ID.pack(send.cycle), messages.encode(messages.Cut(cycle=send.cycle))]
+        request = [REQUEST_ID.pack(send.cycle), messages.encode(write_path.Cut(cycle=send.cycle))]
         for shard in send.shards:
             try:
                 self.shards[shard].send_multipart(request, zmq.NOBLOCK)
@@ -293,7 +293,7 @@ class Flusher:
         cut_at = self._cut_at.get(answer.cycle)
         upload_ms = int((time.monotonic() - cut_at) * 1000) if cut_at is not None else 0
         _count(answer.results, now_ms())
-        notice = messages.ObjectCommitted(
+        notice = write_path.ObjectCommitted(
             cycle=answer.cycle, results=answer.results, upload_ms=upload_ms
         )
         self._notify(answer.shard, notice)

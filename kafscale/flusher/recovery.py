@@ -37,7 +37,7 @@ import msgspec
 from kafscale import metrics
 from kafscale.config import Config
 from kafscale.flusher.objects import chunk_record
-from kafscale.ipc import messages
+from kafscale.ipc import messages, write_path
 from kafscale.ipc.rpc import Bulk, Reply, RpcError
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, WalRecord
@@ -82,7 +82,7 @@ class Committed:
 
     topic_id: str
     high_watermark: int
-    producers: messages.Producers
+    producers: write_path.Producers
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,7 @@ class Adoption:
     """An entry to adopt and its partition's producer state once it is committed."""
 
     entry: DirectoryEntry
-    producers: messages.Producers
+    producers: write_path.Producers
 
 
 def plan_adoption(
@@ -121,7 +121,7 @@ def plan_adoption(
 
 def commit_request(
     orphan: Orphan, adopted: Sequence[Adoption], broker_id: int
-) -> messages.CommitObject:
+) -> write_path.CommitObject:
     """The ``CommitObject`` that adopts ``adopted`` of ``orphan``."""
     chunks = [_chunk(orphan.key, adoption) for adoption in adopted]
     record = WalRecord(
@@ -131,12 +131,12 @@ def commit_request(
         broker_id=broker_id,
         entries=[(c.topic, c.partition, c.chunk.base_offset) for c in chunks],
     )
-    return messages.CommitObject(wal=record, chunks=chunks, owner=broker_id, leader_epoch=0)
+    return write_path.CommitObject(wal=record, chunks=chunks, owner=broker_id, leader_epoch=0)
 
 
-def _chunk(key: str, adoption: Adoption) -> messages.ObjectChunk:
+def _chunk(key: str, adoption: Adoption) -> write_path.ObjectChunk:
     entry = adoption.entry
-    return messages.ObjectChunk(
+    return write_path.ObjectChunk(
         topic=entry.topic,
         topic_id=entry.topic_id,
         partition=entry.partition,
@@ -250,7 +250,7 @@ class _Recovery:
         Raises CommitFailed."""
         request = commit_request(orphan, adopted, self.broker_id)
         reply = self.coordinator.call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
-        if not isinstance(reply, messages.ObjectCommitResult):
+        if not isinstance(reply, write_path.ObjectCommitResult):
             error = reply.message if isinstance(reply, messages.ErrorReply) else repr(reply)
             raise CommitFailed(f"adopting {orphan.key}: {error}")
         committed = [

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from kafscale.config import Config
-from kafscale.ipc import messages
+from kafscale.ipc import messages, write_path
 from kafscale.ipc.rpc import REQUEST_ID
 from kafscale.shards.admission import Admission
 from kafscale.shards.flushes import Holds, Key, Outcome, PendingReport
@@ -54,7 +54,7 @@ class CycleLink:
         """A request (acks=all, a flush) waits, since ``since_ms``, on what no cycle holds."""
         self.report.urgent(since_ms)
 
-    def on_cut(self, cut: messages.Cut, now: int) -> messages.CutEntries:
+    def on_cut(self, cut: write_path.Cut, now: int) -> write_path.CutEntries:
         """Seal every open buffer and hand over every sealed buffer no cycle holds."""
         for partition in self.partitions.values():
             partition.seal(now)
@@ -62,9 +62,9 @@ class CycleLink:
         taken = self.holds.cut(cut.cycle, now, offered)
         self.report.cut()
         entries = [self.partitions[key].wal_entry(buffer) for key, buffer in taken]
-        return messages.CutEntries(cut.cycle, self.shard, entries)
+        return write_path.CutEntries(cut.cycle, self.shard, entries)
 
-    def on_committed(self, notice: messages.ObjectCommitted, now: int) -> None:
+    def on_committed(self, notice: write_path.ObjectCommitted, now: int) -> None:
         """The outcome of each buffer the shard gave to cycle ``notice.cycle``."""
         given_back = False
         for result in notice.results:
@@ -91,7 +91,7 @@ class CycleLink:
             log.warning("slow upload: refusing produce for a while", extra={"ms": notice.upload_ms})
             self.admission.slow(now)
 
-    def on_compacted(self, notice: messages.SegmentsCompacted) -> None:
+    def on_compacted(self, notice: write_path.SegmentsCompacted) -> None:
         """The partition's chunk entries covered by ``notice.segment`` are now that segment."""
         partition = self.partitions.get((notice.topic, notice.partition))
         if partition is not None and partition.topic_id == notice.topic_id:
@@ -121,7 +121,7 @@ class CycleLink:
         self.holds.forget(key)
         self.admission.recovered(key)
 
-    def _commit(self, key: Key, partition: PartitionLog, result: messages.EntryResult) -> None:
+    def _commit(self, key: Key, partition: PartitionLog, result: write_path.EntryResult) -> None:
         segment = partition.sealed_at(result.base_offset)
         if segment is None:
             return
@@ -139,7 +139,7 @@ class CycleLink:
         self.admission.recovered(key)
         self.report.succeeded()
 
-    def _not_committed(self, key: Key, result: messages.EntryResult) -> None:
+    def _not_committed(self, key: Key, result: write_path.EntryResult) -> None:
         if result.storage_error:
             self.admission.failed([key])
         if result.error != self._last_error:

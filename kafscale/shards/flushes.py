@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from kafscale.ipc.messages import ShardPending
+from kafscale.ipc.write_path import ShardPending
 
 # A cycle unanswered this long after its cut is presumed lost with its flusher: its buffers are
 # released, and the flusher's successor gets them at its first cut.

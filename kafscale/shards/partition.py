@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafscale.ipc.messages import WalEntry
 from kafscale.ipc.shm import PartitionBuffer
+from kafscale.ipc.write_path import WalEntry
 from kafscale.protocol import records
 from kafscale.protocol.errors import ErrorCode
 from kafscale.protocol.records import BatchHeader

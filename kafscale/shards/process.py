@@ -29,7 +29,7 @@ import time
 import zmq
 
 from kafscale import metrics
-from kafscale.ipc import endpoints, messages
+from kafscale.ipc import endpoints, messages, write_path
 from kafscale.ipc.rpc import Incoming, RpcClient, RpcError, RpcServer
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
@@ -60,8 +60,8 @@ UNAVAILABLE = "cannot load the partition: the object store or metadata store is 
 NOTICES = (
     messages.LogStartMoved,
     messages.ReleaseFetch,
-    messages.ObjectCommitted,
-    messages.SegmentsCompacted,
+    write_path.ObjectCommitted,
+    write_path.SegmentsCompacted,
 )
 
 
@@ -154,12 +154,12 @@ class Shard:
             self.reads.on_list_offsets(incoming, message)
         elif isinstance(message, messages.LogStartMoved):
             self._on_log_start_moved(message)
-        elif isinstance(message, messages.Cut):
+        elif isinstance(message, write_path.Cut):
             self.server.reply(incoming, self.cycles.on_cut(message, now_ms()))
-        elif isinstance(message, messages.ObjectCommitted):
+        elif isinstance(message, write_path.ObjectCommitted):
             self.cycles.on_committed(message, now_ms())
             self._send(self.waiters.committed())
-        elif isinstance(message, messages.SegmentsCompacted):
+        elif isinstance(message, write_path.SegmentsCompacted):
             self.cycles.on_compacted(message)
         elif isinstance(message, messages.FlushAll):
             self._on_flush_all(incoming)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 
-from kafscale.ipc import messages
+from kafscale.ipc import write_path
 from kafscale.ipc.rpc import RpcClient, RpcError
 from kafscale.metadata.records import SegmentRecord
 from kafscale.shards.producers import ProducerStates
@@ -94,7 +94,7 @@ def adopt_uncommitted(
             ),
             created_ms=parsed.created_ms,
         )
-        request = messages.CommitSegment(
+        request = write_path.CommitSegment(
             topic=topic,
             topic_id=topic_id,
             partition=partition,
@@ -105,7 +105,7 @@ def adopt_uncommitted(
             reply = coordinator.call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
         except RpcError as exc:
             raise RuntimeError(f"cannot adopt {kfs}: {exc}") from exc
-        if not isinstance(reply, messages.SegmentCommitted) or not reply.committed:
+        if not isinstance(reply, write_path.SegmentCommitted) or not reply.committed:
             raise RuntimeError(f"cannot adopt {kfs}: {reply}")
         log.warning(
             "adopted an uncommitted segment",

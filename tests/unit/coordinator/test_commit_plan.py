@@ -18,7 +18,7 @@ from kafscale.coordinator.commit_plan import (
     touched,
     wal_record_key,
 )
-from kafscale.ipc.messages import CommitObject, ObjectChunk
+from kafscale.ipc.write_path import CommitObject, ObjectChunk
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord, WalRecord
 from kafscale.storage import wal

@@ -6,7 +6,8 @@ import uuid
 
 from kafscale.coordinator.commit_plan import Limits, compaction_refusal
 from kafscale.coordinator.compactions import CompactionCommitter
-from kafscale.ipc.messages import CommitCompaction, CommitMerge, DeleteTopics, SegmentCommitted
+from kafscale.ipc.messages import DeleteTopics
+from kafscale.ipc.write_path import CommitCompaction, CommitMerge, SegmentCommitted
 from kafscale.metadata import records
 from kafscale.metadata.records import SegmentRecord, WalRecord
 from kafscale.storage import wal

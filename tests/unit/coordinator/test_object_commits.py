@@ -14,14 +14,8 @@ import pytest
 from kafscale.coordinator.admin import TopicAdmin
 from kafscale.coordinator.commit_plan import Limits, wal_record_key
 from kafscale.coordinator.partitions import PartitionCommitter
-from kafscale.ipc.messages import (
-    ChunkCommitted,
-    CommitObject,
-    CreateTopics,
-    DeleteTopics,
-    ObjectChunk,
-    TopicSpec,
-)
+from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicSpec
+from kafscale.ipc.write_path import ChunkCommitted, CommitObject, ObjectChunk
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, WalRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore

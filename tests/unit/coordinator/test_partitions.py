@@ -7,7 +7,8 @@ import pytest
 
 from kafscale.coordinator.admin import TopicAdmin
 from kafscale.coordinator.partitions import PartitionCommitter
-from kafscale.ipc.messages import CommitSegment, CreateTopics, DeleteTopics, TopicSpec
+from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicSpec
+from kafscale.ipc.write_path import CommitSegment
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, SegmentRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore

@@ -6,8 +6,8 @@ import pytest
 
 from kafscale.flusher import commits
 from kafscale.flusher.objects import BuiltObject, Chunk
-from kafscale.ipc import messages
-from kafscale.ipc.messages import ChunkCommitted, WalEntry
+from kafscale.ipc import messages, write_path
+from kafscale.ipc.write_path import ChunkCommitted, WalEntry
 from kafscale.metadata.records import SegmentRecord
 
 KEY = "ns/!wal/3/0123456789abcdef/0000000000.wal"
@@ -57,7 +57,7 @@ def test_the_request_names_each_chunk_and_the_wal_record() -> None:
 
 
 def test_each_entry_hears_its_own_outcome_in_cycle_order() -> None:
-    reply = messages.ObjectCommitResult(
+    reply = write_path.ObjectCommitResult(
         results=[
             ChunkCommitted("t", 0, 0, committed=True, high_watermark=5),
             ChunkCommitted("t", 1, 10, committed=False, high_watermark=3, error="not at hw"),
@@ -78,7 +78,7 @@ def test_each_entry_hears_its_own_outcome_in_cycle_order() -> None:
 def test_a_chunk_committed_by_an_earlier_attempt_names_no_entry() -> None:
     # The log lists the chunk of the earlier attempt's object: the shard must read the
     # partition's entries back, not list this object's chunk, and the compactor not take it.
-    reply = messages.ObjectCommitResult(
+    reply = write_path.ObjectCommitResult(
         results=[
             ChunkCommitted("t", 0, 0, committed=True, high_watermark=5, earlier=True),
             ChunkCommitted("t", 1, 10, committed=True, high_watermark=15),
@@ -91,7 +91,7 @@ def test_a_chunk_committed_by_an_earlier_attempt_names_no_entry() -> None:
 
 
 def test_a_deleted_topic_is_said_so() -> None:
-    reply = messages.ObjectCommitResult(
+    reply = write_path.ObjectCommitResult(
         results=[
             ChunkCommitted("t", 0, 0, committed=False, high_watermark=-1, topic_gone=True),
             ChunkCommitted("t", 1, 10, committed=False, high_watermark=-1, topic_gone=True),
@@ -105,7 +105,7 @@ def test_a_deleted_topic_is_said_so() -> None:
     "reply",
     [
         messages.ErrorReply(message="etcd is down"),
-        messages.ObjectCommitResult(results=[]),  # the wrong number of answers
+        write_path.ObjectCommitResult(results=[]),  # the wrong number of answers
         messages.Pong(role="x", index=0, pid=1, started_at=0.0),
     ],
 )

@@ -19,16 +19,10 @@ from kafscale.coordinator.partitions import PartitionCommitter
 from kafscale.flusher import compact_plan
 from kafscale.flusher.compact_plan import Limits
 from kafscale.flusher.compaction import Compactor
-from kafscale.ipc import messages, routing
-from kafscale.ipc.messages import (
-    CommitCompaction,
-    CommitMerge,
-    CommitObject,
-    CreateTopics,
-    ObjectChunk,
-    TopicSpec,
-)
+from kafscale.ipc import messages, routing, write_path
+from kafscale.ipc.messages import CreateTopics, TopicSpec
 from kafscale.ipc.rpc import Bulk, Reply, RpcTimeout
+from kafscale.ipc.write_path import CommitCompaction, CommitMerge, CommitObject, ObjectChunk
 from kafscale.metadata import records as metadata_records
 from kafscale.metadata.records import Keys, SegmentRecord, WalRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore
@@ -256,7 +250,7 @@ def test_aged_chunks_become_one_spec_segment_byte_identical_to_build_segment(
     )
     assert compactor.held_bytes == 0 and world.objects.wal_gets == []  # nothing read back
     shard = routing.shard_for(world.topic_id, 0, SHARDS)
-    assert (shard, messages.SegmentsCompacted("t", world.topic_id, 0, record)) in world.notices
+    assert (shard, write_path.SegmentsCompacted("t", world.topic_id, 0, record)) in world.notices
 
 
 def test_young_chunks_wait_until_they_fill_segment_bytes(world: World) -> None:
@@ -359,7 +353,7 @@ def test_a_retry_after_a_lost_answer_finds_the_segment_committed(world: World) -
 
 def compacted(world: World) -> list[tuple[int, int]]:
     """The spans of the SegmentsCompacted notices the shards got."""
-    notices = [m for _, m in world.notices if isinstance(m, messages.SegmentsCompacted)]
+    notices = [m for _, m in world.notices if isinstance(m, write_path.SegmentsCompacted)]
     return [(m.segment.base_offset, m.segment.last_offset) for m in notices]
 
 
@@ -438,7 +432,7 @@ def test_the_worker_thread_compacts_what_the_flusher_hands_it(world: World) -> N
     done = threading.Event()
 
     def notify(shard: int, message: messages.Message) -> None:
-        assert isinstance(message, messages.SegmentsCompacted)
+        assert isinstance(message, write_path.SegmentsCompacted)
         if message.segment.last_offset == 1:
             done.set()
 

@@ -19,7 +19,7 @@ from kafscale.flusher.cycle import (
     SendCut,
     due,
 )
-from kafscale.ipc.messages import EntryResult, ShardPending, WalEntry
+from kafscale.ipc.write_path import EntryResult, ShardPending, WalEntry
 
 LIMITS = Limits(flush_interval_ms=250, object_bytes=1000, group_commit_ms=5, max_in_flight=2)
 T0 = 1_700_000_000_000

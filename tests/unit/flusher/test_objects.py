@@ -11,8 +11,8 @@ import pytest
 
 from kafscale.flusher import objects
 from kafscale.flusher.objects import EntryUnreadable, KeyTaken
-from kafscale.ipc.messages import WalEntry
 from kafscale.ipc.shm import PartitionBuffer, segment_name, sweep_segments
+from kafscale.ipc.write_path import WalEntry
 from kafscale.protocol.compression import Codec
 from kafscale.protocol.records import build_batch, read_header
 from kafscale.storage import wal

@@ -16,7 +16,7 @@ import zmq
 from kafscale import config as configuration
 from kafscale.flusher import objects
 from kafscale.flusher.process import Flusher
-from kafscale.ipc import endpoints, messages
+from kafscale.ipc import endpoints, messages, write_path
 from kafscale.ipc.rpc import REQUEST_ID, RpcClient, RpcServer
 from kafscale.ipc.shm import PartitionBuffer, segment_name, sweep_segments
 from kafscale.metadata.records import SegmentRecord
@@ -28,13 +28,13 @@ from kafscale.supervisor.child import ChildContext
 TOPIC_ID = "6c1a9a8e-3f3e-4a8e-9f43-6d4c8f0a1b2c"
 WAIT_MS = 10_000
 
-Answerer = Callable[[messages.CommitObject], messages.Message]
+Answerer = Callable[[write_path.CommitObject], messages.Message]
 
 
-def all_committed(request: messages.CommitObject) -> messages.Message:
-    return messages.ObjectCommitResult(
+def all_committed(request: write_path.CommitObject) -> messages.Message:
+    return write_path.ObjectCommitResult(
         results=[
-            messages.ChunkCommitted(
+            write_path.ChunkCommitted(
                 c.topic, c.partition, c.chunk.base_offset, True, c.chunk.last_offset + 1
             )
             for c in request.chunks
@@ -45,7 +45,7 @@ def all_committed(request: messages.CommitObject) -> messages.Message:
 class FakeCoordinator:
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], runtime_dir: str) -> None:
         self.server = RpcServer(context, endpoints.address(runtime_dir, "coordinator"))
-        self.requests: list[messages.CommitObject] = []
+        self.requests: list[write_path.CommitObject] = []
         self.answer: Answerer = all_committed
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -54,7 +54,7 @@ class FakeCoordinator:
     def _serve(self) -> None:
         while not self.stopping.is_set():
             incoming = self.server.recv(20)
-            if incoming is not None and isinstance(incoming.message, messages.CommitObject):
+            if incoming is not None and isinstance(incoming.message, write_path.CommitObject):
                 self.requests.append(incoming.message)
                 self.server.reply(incoming, self.answer(incoming.message))
 
@@ -89,10 +89,10 @@ class Rig:
         self.buffers: list[PartitionBuffer] = []
 
     def report(self, nbytes: int = 100) -> None:
-        notice = messages.ShardPending(shard=0, bytes=nbytes, oldest_ms=1, urgent_ms=-1)
+        notice = write_path.ShardPending(shard=0, bytes=nbytes, oldest_ms=1, urgent_ms=-1)
         self.to_flusher.send_multipart([REQUEST_ID.pack(0), messages.encode(notice)])
 
-    def entry(self, partition: int, count: int = 3) -> messages.WalEntry:
+    def entry(self, partition: int, count: int = 3) -> write_path.WalEntry:
         rows: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]
         rows = [(None, b"value-%d" % i, [], 1_700_000_000_000 + i) for i in range(count)]
         batch = build_batch(rows)
@@ -100,7 +100,7 @@ class Rig:
         self.buffers.append(buffer)
         buffer.append(batch, records=count)
         buffer.seal(sealed_ms=1_700_000_000_000)
-        return messages.WalEntry(
+        return write_path.WalEntry(
             buffer=buffer.name,
             generation=buffer.generation,
             size=len(batch),
@@ -121,16 +121,16 @@ class Rig:
         assert incoming is not None, "the flusher sent nothing to the shard"
         return incoming.message, incoming.identity, incoming.request_id
 
-    def answer_cut(self, entries: list[messages.WalEntry]) -> int:
+    def answer_cut(self, entries: list[write_path.WalEntry]) -> int:
         incoming = self.shard.recv(WAIT_MS)
-        assert incoming is not None and isinstance(incoming.message, messages.Cut)
+        assert incoming is not None and isinstance(incoming.message, write_path.Cut)
         cycle = incoming.message.cycle
-        self.shard.reply(incoming, messages.CutEntries(cycle=cycle, shard=0, entries=entries))
+        self.shard.reply(incoming, write_path.CutEntries(cycle=cycle, shard=0, entries=entries))
         return cycle
 
-    def outcome(self) -> messages.ObjectCommitted:
+    def outcome(self) -> write_path.ObjectCommitted:
         incoming = self.shard.recv(WAIT_MS)
-        assert incoming is not None and isinstance(incoming.message, messages.ObjectCommitted)
+        assert incoming is not None and isinstance(incoming.message, write_path.ObjectCommitted)
         return incoming.message
 
     def close(self) -> None:
@@ -197,10 +197,10 @@ def test_a_cut_that_gathers_nothing_uploads_nothing_and_the_next_report_is_cut(r
 def test_stopping_finishes_the_cycle_in_flight(rig: Rig) -> None:
     rig.report()
     incoming = rig.shard.recv(WAIT_MS)
-    assert incoming is not None and isinstance(incoming.message, messages.Cut)
+    assert incoming is not None and isinstance(incoming.message, write_path.Cut)
     rig.ctx.stopping.set()
     cycle = incoming.message.cycle
-    rig.shard.reply(incoming, messages.CutEntries(cycle=cycle, shard=0, entries=[rig.entry(0)]))
+    rig.shard.reply(incoming, write_path.CutEntries(cycle=cycle, shard=0, entries=[rig.entry(0)]))
     assert rig.outcome().results[0].committed
     rig.thread.join(WAIT_MS / 1000)
     assert not rig.thread.is_alive()
@@ -234,10 +234,10 @@ def test_committed_chunks_go_to_the_compactor_and_refused_ones_do_not(rig: Rig) 
     sink = Sink()
     rig.flusher.compactor = sink
 
-    def refuse_partition_1(request: messages.CommitObject) -> messages.Message:
+    def refuse_partition_1(request: write_path.CommitObject) -> messages.Message:
         answer = all_committed(request)
-        assert isinstance(answer, messages.ObjectCommitResult)
-        return messages.ObjectCommitResult(
+        assert isinstance(answer, write_path.ObjectCommitResult)
+        return write_path.ObjectCommitResult(
             results=[
                 msgspec.structs.replace(r, committed=False) if r.partition == 1 else r
                 for r in answer.results

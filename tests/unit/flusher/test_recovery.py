@@ -16,7 +16,7 @@ import pytest
 from kafscale import config as configuration
 from kafscale.config import Config
 from kafscale.flusher.recovery import Committed, Orphan, adopt_orphans, plan_adoption
-from kafscale.ipc import messages
+from kafscale.ipc import messages, write_path
 from kafscale.ipc.rpc import Bulk, Reply
 from kafscale.metadata import open_metadata_store, records
 from kafscale.metadata.records import Keys, PartitionRecord, TopicRecord, WalRecord
@@ -32,7 +32,7 @@ from tests.unit.storage.test_segment import make_batches
 NS = "default"
 OLD_TOKEN, NEW_TOKEN = "ffffffffffffffff", "0000000000000000"  # the newer one lists first
 ORDERS = str(uuid.UUID(int=1))
-PRODUCERS: messages.Producers = {7: (0, 5, [(0, 4, 0, 4)])}
+PRODUCERS: write_path.Producers = {7: (0, 5, [(0, 4, 0, 4)])}
 
 
 class FakeCoordinator:
@@ -42,12 +42,12 @@ class FakeCoordinator:
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
         self.keys = Keys(NS)
-        self.requests: list[messages.CommitObject] = []
+        self.requests: list[write_path.CommitObject] = []
         self.down = False
         self.before: Callable[[], None] = lambda: None  # what happens just before a commit
 
     def call(self, message: messages.Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply:
-        assert isinstance(message, messages.CommitObject)
+        assert isinstance(message, write_path.CommitObject)
         self.requests.append(message)
         if self.down:
             return Reply(messages.ErrorReply("etcd is unavailable"))
@@ -57,9 +57,9 @@ class FakeCoordinator:
         if self.store.revision() != before:  # the WalRecord goes with the first chunk written
             record_key = self.keys.wal_object(wal.object_name(message.wal.key))
             self.store.put(record_key, records.encode(message.wal))
-        return Reply(messages.ObjectCommitResult(results))
+        return Reply(write_path.ObjectCommitResult(results))
 
-    def _commit(self, chunk: messages.ObjectChunk) -> messages.ChunkCommitted:
+    def _commit(self, chunk: write_path.ObjectChunk) -> write_path.ChunkCommitted:
         key = self.keys.partition(chunk.topic, chunk.partition)
         kv = self.store.get(key)
         assert kv is not None
@@ -73,7 +73,7 @@ class FakeCoordinator:
             self.store.put(key, records.encode(state))
             segment_key = self.keys.segment(chunk.topic, chunk.partition, base)
             self.store.put(segment_key, records.encode(chunk.chunk))
-        return messages.ChunkCommitted(
+        return write_path.ChunkCommitted(
             chunk.topic,
             chunk.partition,
             base,

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from kafscale import config as configuration
-from kafscale.ipc import endpoints, messages
+from kafscale.ipc import endpoints, messages, write_path
 from kafscale.ipc.rpc import REQUEST_ID
 from kafscale.ipc.shm import sweep_segments
 from kafscale.metadata.records import SegmentRecord
@@ -83,25 +83,25 @@ class Rig:
         [result] = reply.results
         return result
 
-    def notice(self, timeout_ms: int = 2_000) -> messages.ShardPending | None:
+    def notice(self, timeout_ms: int = 2_000) -> write_path.ShardPending | None:
         self.shard._tick(now_ms())
         if not self.notices.poll(timeout_ms, zmq.POLLIN):
             return None
         frames = self.notices.recv_multipart()  # identity, request id 0, the notice
         assert REQUEST_ID.unpack(frames[1]) == (0,)
         notice = messages.decode(frames[2])
-        assert isinstance(notice, messages.ShardPending)
+        assert isinstance(notice, write_path.ShardPending)
         return notice
 
-    def cut(self, cycle: int) -> list[messages.WalEntry]:
-        self.send(self.flusher, messages.Cut(cycle))
+    def cut(self, cycle: int) -> list[write_path.WalEntry]:
+        self.send(self.flusher, write_path.Cut(cycle))
         reply = self.reply(self.flusher)
-        assert isinstance(reply, messages.CutEntries)
+        assert isinstance(reply, write_path.CutEntries)
         assert (reply.cycle, reply.shard) == (cycle, 0)
         return reply.entries
 
-    def answer(self, cycle: int, *results: messages.EntryResult) -> None:
-        self.send(self.flusher, messages.ObjectCommitted(cycle, list(results)))
+    def answer(self, cycle: int, *results: write_path.EntryResult) -> None:
+        self.send(self.flusher, write_path.ObjectCommitted(cycle, list(results)))
 
     def close(self) -> None:
         for partition in self.shard.partitions.values():
@@ -121,19 +121,19 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     rig.close()
 
 
-def committed(entry: messages.WalEntry, **fields: Any) -> messages.EntryResult:
+def committed(entry: write_path.WalEntry, **fields: Any) -> write_path.EntryResult:
     chunk = SegmentRecord(
         entry.base_offset, entry.last_offset, entry.size, 0, entry.records,
         entry.max_timestamp, entry.created_ms, object="ns/!wal/0/t/0000000000.wal", position=32,
     )  # fmt: skip
-    return messages.EntryResult(
+    return write_path.EntryResult(
         entry.topic, entry.partition, entry.base_offset, True, entry.last_offset + 1,
         segment=chunk, **fields,
     )  # fmt: skip
 
 
-def refused(entry: messages.WalEntry, **fields: Any) -> messages.EntryResult:
-    return messages.EntryResult(
+def refused(entry: write_path.WalEntry, **fields: Any) -> write_path.EntryResult:
+    return write_path.EntryResult(
         entry.topic, entry.partition, entry.base_offset, False, error="no", **fields
     )
 
@@ -228,7 +228,7 @@ def test_compacted_chunks_are_replaced_by_their_segment(rig: Rig) -> None:
         rig.answer(cycle, committed(entry))
         entries.append(entry)
     segment = SegmentRecord(0, 1, 300, 24, 2, entries[-1].max_timestamp, entries[0].created_ms)
-    rig.send(rig.flusher, messages.SegmentsCompacted(TOPIC, TOPIC_ID, 0, segment))
+    rig.send(rig.flusher, write_path.SegmentsCompacted(TOPIC, TOPIC_ID, 0, segment))
     assert rig.shard.partitions[(TOPIC, 0)].segments.find(1) == segment
 
 

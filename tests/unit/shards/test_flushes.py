@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kafscale.ipc.messages import ShardPending
+from kafscale.ipc.write_path import ShardPending
 from kafscale.shards.flushes import (
     FLUSH_TIMEOUT_MS,
     MAX_RETRY_MS,

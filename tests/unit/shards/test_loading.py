@@ -17,7 +17,7 @@ import pytest
 from kafscale import config as configuration
 from kafscale.coordinator.admin import TopicAdmin
 from kafscale.coordinator.partitions import PartitionCommitter
-from kafscale.ipc import messages
+from kafscale.ipc import messages, write_path
 from kafscale.metadata import records as metadata
 from kafscale.metadata.records import WRITE_PATH_WAL, Keys, PartitionRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore
@@ -54,7 +54,7 @@ class Coordinator:
 
     committer: PartitionCommitter
 
-    def call(self, request: messages.CommitSegment, timeout_ms: int = 0) -> Reply:
+    def call(self, request: write_path.CommitSegment, timeout_ms: int = 0) -> Reply:
         return Reply(self.committer.commit(request))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import crc32c
 
-from kafscale.ipc import messages
+from kafscale.ipc import messages, write_path
 from kafscale.protocol import records
 from kafscale.protocol.compression import Codec
 from kafscale.shards.producers import ProducerStates
@@ -33,11 +33,11 @@ class Reply:
 class Coordinator:
     """Stands in for the coordinator: commits every segment it is asked to."""
 
-    committed: list[messages.CommitSegment] = field(default_factory=list)
+    committed: list[write_path.CommitSegment] = field(default_factory=list)
 
-    def call(self, request: messages.CommitSegment, timeout_ms: int = 0) -> Reply:
+    def call(self, request: write_path.CommitSegment, timeout_ms: int = 0) -> Reply:
         self.committed.append(request)
-        return Reply(messages.SegmentCommitted(True, request.segment.last_offset + 1))
+        return Reply(write_path.SegmentCommitted(True, request.segment.last_offset + 1))
 
 
 def _at(blob: bytes, base_offset: int) -> bytes:

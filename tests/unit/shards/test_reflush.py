@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kafscale import config as configuration
-from kafscale.ipc import messages
+from kafscale.ipc import write_path
 from kafscale.ipc.shm import sweep_segments
 from kafscale.metadata import records as metadata
 from kafscale.metadata.records import Keys, PartitionRecord, TopicRecord
@@ -46,7 +46,7 @@ class Rig:
         coordinator: Any = None  # only the lazy load of uncommitted uploads calls it
         return PartitionLoader(self.config, self.store, self.objects, coordinator, self.run_id, 0)
 
-    def predecessor(self, batches: int = 20) -> tuple[PartitionLog, list[messages.WalEntry]]:
+    def predecessor(self, batches: int = 20) -> tuple[PartitionLog, list[write_path.WalEntry]]:
         """A shard that wrote and sealed its buffers and handed them to a cycle (the entries)."""
         log = self.loader().load(TOPIC, TOPIC_ID, 0, CREATED)
         log.codec = SNAPPY
@@ -62,7 +62,7 @@ class Rig:
         taken = Holds().cut(1, T0 + 100, [(KEY, log.sealed)])
         return log, [log.wal_entry(buffer) for _, buffer in taken]
 
-    def successor(self) -> tuple[PartitionLog, list[messages.WalEntry]]:
+    def successor(self) -> tuple[PartitionLog, list[write_path.WalEntry]]:
         """The successor's partition after adoption, and what its first cut hands over."""
         [log] = self.loader().adopt_predecessor(now_ms=T0 + 5_000)
         self.logs.append(log)
