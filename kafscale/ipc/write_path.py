@@ -18,7 +18,7 @@ import msgspec
 from kafscale.ipc.base import Message
 from kafscale.metadata.records import SegmentRecord, WalRecord
 
-# -- segments (flusher or shard -> coordinator) -----------------------------------------------
+# -- spec segments (shard -> coordinator; the reply also answers compaction commits) ---------
 
 
 class CommitSegment(Message, frozen=True):
