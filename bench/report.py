@@ -242,9 +242,11 @@ def _write_path_section(run: dict[str, Any]) -> list[str]:
             "Requests at $0.005 per 1,000 PUT/LIST and $0.0004 per 1,000 GET/HEAD (DELETE "
             "free), 30-day months; storage at $0.023 per GB-month for 7 days of 100 GB/day "
             "times the bytes stored per byte produced. A run of minutes seals few or no "
-            "segments, so compaction's steady-state PUTs are projected (bench/cost.py: the "
-            "smallest of segment.bytes, a partition's bytes in the maximum age and its share of "
-            "the compaction buffer).",
+            "segments, so compaction's steady-state requests are projected (bench/cost.py "
+            "`projected_compaction`, following the planner: segments of segment.bytes, 3/4 of "
+            "it when the buffer is short, a partition's bytes in the maximum age or 16 merges' "
+            "worth, whichever is smallest; a merged object per half buffer of bytes; a ranged "
+            "GET per merged chunk at seal).",
             "",
             *tables,
         ]
