@@ -121,7 +121,9 @@ class Accumulator:
         ``now_ms`` is wall-clock (chunks' seal times), ``now`` monotonic (back-offs)."""
         with self._lock:
             summaries = [
-                self._summary(part, now) for part in self._partitions.values() if part.chunks
+                self._summary(key, part, now)
+                for key, part in self._partitions.items()
+                if part.chunks
             ]
         return compact_plan.may_have_work(summaries, limits, now_ms)
 
@@ -304,10 +306,10 @@ class Accumulator:
             or record.codec != first.codec,
         )
 
-    def _summary(self, part: _Partition, now: float) -> compact_plan.Summary:
+    def _summary(self, key: PartitionKey, part: _Partition, now: float) -> compact_plan.Summary:
         summary = part.summary
         if summary is None:
-            summary = part.summary = compact_plan.summarize(self._state(PartitionKey("", 0), part))
+            summary = part.summary = compact_plan.summarize(self._state(key, part))
         # segment.bytes may change with any commit, a back-off with time: read them now.
         return dataclasses.replace(
             summary, segment_bytes=part.segment_bytes, paused=part.retry_at > now
