@@ -256,6 +256,21 @@ class EntryCache:
     def holds_whole(self, key: SegmentKey) -> bool:
         return any(c.complete for c in self.segments.peek(key) or ())
 
+    def holds_all(self, key: SegmentKey, last_offset: int) -> bool:
+        """Every batch of entry ``key`` (its base offset to ``last_offset``) is cached: the
+        whole entry, or parts that join up without a gap (the chunks a compaction replaced,
+        moved here by ``move``; ranged reads that came to cover it). Reading such an entry
+        again would bring nothing new."""
+        held = self.segments.peek(key) or ()
+        if any(c.complete for c in held):
+            return True
+        expected = key[2]  # the next offset a part must begin at or before
+        for chunk in sorted(held, key=lambda c: c.first_offset):
+            if chunk.first_offset > expected:
+                return False
+            expected = max(expected, chunk.last_offset + 1)
+        return bool(held) and expected > last_offset
+
     def store(self, key: SegmentKey, chunk: Chunk) -> None:
         """Keep ``chunk``: a whole entry replaces the parts held; a part is added unless the
         whole entry is held."""

@@ -393,7 +393,7 @@ class ReadPath:
             return
         for following in partition.segments.following(segment, self.readahead):
             key = entry_key(partition, following)
-            if key in self._prefetching or self.cache.holds_whole(key):
+            if key in self._prefetching or self.cache.holds_all(key, following.last_offset):
                 continue
             if len(self._prefetching) >= MAX_READAHEADS:
                 return

@@ -135,3 +135,40 @@ def test_continuing_finds_a_cached_run_where_a_batch_begins() -> None:
     assert cache.continuing(key, 7) is None  # inside a batch
     assert cache.continuing(key, 10) is None  # not cached
     assert cache.continuing(("topic-id", 0, 30, ""), 30) is None
+
+
+def test_an_entry_is_held_all_when_its_parts_join_up() -> None:
+    cache = EntryCache(1 << 20, 1 << 20, "test")
+    key = ("topic-id", 0, 0, "")
+    assert not cache.holds_all(key, 29)
+    cache.store(key, run(0, [5, 5], complete=False))
+    cache.store(key, run(20, [5, 5], complete=False))
+    assert not cache.holds_all(key, 29)  # 10..19 missing
+    cache.store(key, run(8, [2, 10], complete=False))  # overlaps the first part
+    assert cache.holds_all(key, 29)
+    assert not cache.holds_all(key, 30)  # the entry goes on past the parts
+    assert not cache.holds_whole(key)
+
+
+def test_chunks_moved_into_the_segment_that_replaced_them_hold_it_all() -> None:
+    cache = EntryCache(1 << 20, 1 << 20, "test")
+    chunks = [("topic-id", 0, base, "wal") for base in (0, 10, 20)]
+    for key in chunks:
+        cache.store(key, run(key[2], [4, 6]))
+    segment = ("topic-id", 0, 0, "")
+    cache.move(chunks, segment)
+    assert cache.holds_all(segment, 29) and not cache.holds_whole(segment)
+    cache.move([("topic-id", 0, 30, "wal")], ("topic-id", 0, 30, ""))  # nothing was cached
+    assert not cache.holds_all(("topic-id", 0, 30, ""), 39)
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 10)), max_size=8))
+def test_holds_all_is_every_offset_of_the_entry_covered(parts: list[tuple[int, int]]) -> None:
+    cache = EntryCache(1 << 20, 1 << 20, "test")
+    key = ("topic-id", 0, 0, "")
+    covered: set[int] = set()
+    for base, count in parts:
+        cache.store(key, run(base, [count], complete=False))
+        covered.update(range(base, base + count))
+    for last in (9, 29, 49):
+        assert cache.holds_all(key, last) == covered.issuperset(range(last + 1))

@@ -176,3 +176,26 @@ def test_read_ahead_brings_the_following_chunks_whole(tmp_path: Path) -> None:
         assert rig.store.gets == gets
     finally:
         rig.close()
+
+
+def test_read_ahead_skips_a_segment_whose_compacted_chunks_are_cached(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, KAFSCALE_READAHEAD_SEGMENTS="2")
+    try:
+        log = Log(rig)
+        for i, chunk in enumerate(log.chunks):  # the shard committed them: all cached
+            data = log.batches[2 * i] + log.batches[2 * i + 1]
+            rig.reader.flushed(rig.partition, chunk_of(data, complete=True), chunk)
+        first = log.compact(0, 1)
+        rest = log.compact(1, 3)
+        rig.reader.compacted(rig.partition, first)
+        rig.reader.compacted(rig.partition, rest)
+        assert list(rig.partition.segments) == [first, rest]
+        # serving the first segment reads ahead into the second, which its chunks cover
+        assert fetched(rig, 0) == (0, [(o, f"v{o}".encode()) for o in range(5)])
+        assert fetched(rig, 20, max_bytes=1 << 20) == (
+            0,
+            [(o, f"v{o}".encode()) for o in range(20, 30)],
+        )
+        assert rig.store.gets == 0
+    finally:
+        rig.close()
