@@ -13,6 +13,7 @@ the partition count; and <= $60 a month of requests at the defaults.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -167,15 +168,18 @@ def projected_compaction(
 ) -> Compaction:
     """Compaction's requests once the run has gone on for hours, for a load spread evenly over
     `partitions` (a run of minutes seals nothing: 4 MiB takes hours to fill), following the
-    planner (`kafscale.flusher.compact_plan`, docs/design/write-path.md sections 6 and 10):
+    planner (`kafscale.flusher.compact_plan`, docs/design/write-path.md sections 6, 10, 11):
 
     - a partition is sealed at `segment.bytes`, or at what it receives in the maximum age;
     - when the bytes of that age pass MERGE_AT of the buffer, merges run, one merged object
       each time MERGE_BYTES of the buffer has come in; a partition seals at MAX_MERGED merged
       chunks at the latest, and partitions past SEAL_SOON of `segment.bytes` are sealed when
       memory is short (counted at SEAL_SOON: the worst case);
-    - a seal reads each merged chunk of its partition with one ranged GET: for an even load,
-      every partition's share of each merge is read once."""
+    - the seals of one plan read their merged chunks together (section 11.2): partitions of an
+      even load age together and are sealed in batches of neighbours, at most SEAL_BATCH and
+      `seal_read_bytes` of merged chunks a batch, each batch reading each merged object once
+      (one ranged GET). Every merged object is so read once per batch of the partitions it
+      holds."""
     from kafscale.flusher import compact_plan  # the planner's constants
 
     if stored_bytes_per_sec <= 0 or partitions <= 0:
@@ -194,7 +198,17 @@ def projected_compaction(
     if segment <= 0:
         return Compaction(float("inf"), 0.0, 0.0)
     seals = rate / segment
-    return Compaction(SEGMENT_PUTS * seals + merges, partitions * merges, segment)
+    merged_share = segment if merges else 0.0  # a sealed partition's bytes in merged chunks
+    batch = max(
+        1.0,
+        min(
+            float(partitions),
+            float(compact_plan.SEAL_BATCH),
+            compact_plan.seal_read_bytes(buffer_bytes) / merged_share if merged_share else 1.0,
+        ),
+    )
+    gets = merges * math.ceil(partitions / batch)
+    return Compaction(SEGMENT_PUTS * seals + merges, gets, segment)
 
 
 def records_per_batch(batch_size: int, record_size: int) -> int:

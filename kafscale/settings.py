@@ -370,7 +370,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "compaction_max_age_ms",
-        "3600000",
+        "10800000",
         _int_in(1000, 7 * 86_400_000),
         "Compact a partition's chunks into a segment once the oldest is this old",
     ),

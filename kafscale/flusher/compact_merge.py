@@ -30,7 +30,6 @@ from kafscale.flusher.objects import chunk_record
 from kafscale.ipc import messages, routing, write_path
 from kafscale.ipc.rpc import Bulk, Reply
 from kafscale.metadata.records import SegmentRecord, WalRecord
-from kafscale.protocol import records
 from kafscale.storage import wal
 from kafscale.storage.objects import ObjectStore
 
@@ -133,28 +132,6 @@ class Merger:
             "held chunks merged",
             extra={"object": key, "runs": len(runs), "bytes": merged_bytes},
         )
-
-
-def read_merged_chunk(objects: ObjectStore, chunk: SegmentRecord) -> bytes:
-    """The batches of a chunk of a merged object: one ranged GET, every batch's framing and
-    CRC32C checked. ``ObjectNotFound`` if the object is gone (the chunk was compacted or deleted
-    meanwhile); ``MergeFailed`` if the bytes are not the chunk's."""
-    data = objects.get(chunk.object, chunk.position, chunk.size)
-    view, position = memoryview(data), 0
-    while position < len(view):
-        try:
-            header = records.read_header(view, position)
-        except records.CorruptRecordBatch as exc:
-            raise MergeFailed(f"{chunk.object}@{chunk.position}: {exc}") from None
-        end = position + header.size
-        if header.size < records.HEADER.size or end > len(view):
-            raise MergeFailed(f"{chunk.object}@{chunk.position}: a batch does not frame")
-        if records.batch_crc(view[position:end]) != header.crc:
-            raise MergeFailed(f"{chunk.object}@{chunk.position}: a batch fails its CRC")
-        position = end
-    if len(data) != chunk.size or records.read_header(view).base_offset != chunk.base_offset:
-        raise MergeFailed(f"{chunk.object}@{chunk.position} does not hold the chunk's batches")
-    return data
 
 
 def _chunk_input(

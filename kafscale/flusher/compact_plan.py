@@ -8,9 +8,12 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
   before a codec change), at most ``segment_bytes`` of batches (unless its first chunk alone is
   bigger). A run is **closed** once it cannot grow: it reached ``segment_bytes``, or the chunk
   after it does not fit, changes codec or does not continue the offsets.
-- ``Seal`` is planned for a run that is closed, or whose oldest chunk is ``max_age_ms`` old. A
-  seal only takes chunks it can read cheaply: held ones, and chunks of merged objects (one ranged
-  GET each); a run that lacks some waits for them (``Load``).
+- ``Seal`` is planned for a run that is closed, or whose oldest chunk is ``max_age_ms`` old;
+  once one is due by age, so is every run whose oldest chunk is ``SWEEP_AGE`` of that old (a
+  sweep: partitions written at one pace age together, and are sealed together). A seal only
+  takes chunks it can read cheaply: held ones, and chunks of merged objects (read by range, with
+  those of the plan's other seals: ``kafscale.flusher.compact_reads``); a run that lacks some
+  waits for them (``Load``).
 - The merge level (section 11 of the design): while the
   bytes not in merged objects exceed ``MERGE_AT`` of ``buffer_bytes``, partitions that will seal
   soon are sealed ("memory") and the held runs of the others, oldest first, are written into one
@@ -25,8 +28,12 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
   (else a bound under one chunk could never make progress).
 - When a waiting run cannot be loaded for lack of room and nothing else is planned, the held
   part of each waiting run is sealed instead (smaller segments, but memory is freed).
-- At most ``max_jobs`` jobs, seals first (they free memory); at most one seal per partition and one
-  load per object, so the jobs of one plan can run at once.
+- Seals first (they free memory): the memory seals, then the others in (topic, partition) order,
+  so that one plan's partitions lie side by side in the merged objects and their chunks are read
+  with few ranged GETs; at most ``SEAL_BATCH`` seals, reading at most ``seal_read_bytes`` of
+  merged chunks in all (at least one seal). Then at most ``max_jobs`` loads and merges, fewer by
+  the seals up to ``max_jobs``. At most one seal per partition and one load per object, so the
+  jobs of one plan can run at once.
 """
 
 from __future__ import annotations
@@ -40,8 +47,14 @@ from kafscale.metadata.records import SegmentRecord
 
 MERGE_AT = 0.75  # of buffer_bytes: leaves room for what commits while a merge uploads
 MERGE_BYTES = 0.5  # of buffer_bytes: the size of one merged object
-SEAL_SOON = 0.75  # of segment_bytes: a partition this full is sealed, not merged
-MAX_MERGED = 16  # merged chunks a partition may have: a seal reads at most that many by range
+# Of segment_bytes: a partition this full is sealed, not merged, when memory is short. Merging
+# it once more costs a part of a ranged GET at its seal; sealing it smaller costs PUTs (12.5x a
+# GET): 3/4 made segments ~15% smaller than 9/10 (write-path.md, section 10).
+SEAL_SOON = 0.9
+MAX_MERGED = 64  # merged chunks a partition may have (chunk records, ranges read at its seal)
+SWEEP_AGE = 0.9  # of max_age_ms: once one run is due by age, runs this old are sealed with it
+SEAL_BATCH = 64  # seals in one plan
+MIN_SEAL_READ_BYTES = 64 << 20  # the default seal_read_bytes is this or a quarter of the buffer
 
 
 class PartitionKey(NamedTuple):
@@ -83,7 +96,13 @@ class PartitionState:
 class Limits:
     buffer_bytes: int  # KAFSCALE_COMPACTION_BUFFER_BYTES
     max_age_ms: int  # KAFSCALE_COMPACTION_MAX_AGE_MS
-    max_jobs: int  # jobs run at once
+    max_jobs: int  # loads and merges run at once
+    seal_read_bytes: int | None = None  # merged chunks one plan's seals read (None: no bound)
+
+
+def seal_read_bytes(buffer_bytes: int) -> int:
+    """The default bound on the merged chunks one plan's seals read."""
+    return max(MIN_SEAL_READ_BYTES, buffer_bytes // 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,15 +235,39 @@ def plan(
             waiting[key] = reason
     held = sum(chunk.size for state in partitions for chunk in state.chunks if chunk.held)
     merges: list[Job] = [merge] if merge is not None else []
-    budget = max(0, limits.max_jobs - len(seals) - len(merges))
+    budget = max(0, limits.max_jobs - min(len(seals), limits.max_jobs) - len(merges))
     loads = _loads(partitions, runs, waiting, held, limits.buffer_bytes, budget, paused_objects)
     if not seals and not loads and not merges:
         # No room to bring a waiting run in: seal what each holds, biggest first, to free some.
         prefixes = [(readable_prefix(runs[key]), key, reason) for key, reason in waiting.items()]
         prefixes.sort(key=lambda item: (-sum(chunk.size for chunk in item[0]), item[1]))
         seals = [Seal(key, _records(prefix), reason) for prefix, key, reason in prefixes if prefix]
-    jobs: list[Job] = [*seals, *merges, *loads]
-    return jobs[: limits.max_jobs]
+    others: list[Job] = [*merges, *loads]
+    return [*_batch(seals, partitions, limits), *others[: limits.max_jobs]]
+
+
+def _batch(seals: list[Seal], partitions: Sequence[PartitionState], limits: Limits) -> list[Seal]:
+    """The seals of one plan: memory seals first (as planned), then the others in key order
+    (neighbours in the merged objects), at most ``SEAL_BATCH``, reading at most
+    ``seal_read_bytes`` of merged chunks (at least one seal)."""
+    merged = {
+        (state.key, chunk.record.base_offset)
+        for state in partitions
+        for chunk in state.chunks
+        if chunk.merged
+    }
+    ordered = [seal for seal in seals if seal.reason == "memory"]
+    ordered += sorted((seal for seal in seals if seal.reason != "memory"), key=lambda s: s.key)
+    bound = limits.seal_read_bytes
+    out: list[Seal] = []
+    read = 0
+    for seal in ordered[:SEAL_BATCH]:
+        size = sum(c.size for c in seal.chunks if (seal.key, c.base_offset) in merged)
+        if out and bound is not None and read + size > bound:
+            break
+        out.append(seal)
+        read += size
+    return out
 
 
 def _wanted(
@@ -237,11 +280,16 @@ def _wanted(
         (state for state in partitions if state.chunks and not state.paused),
         key=lambda state: (state.chunks[0].record.created_ms, state.key),
     )
+    # Candidates go oldest first: once one is due by age, the sweep takes the ones nearly as old.
+    age_line = limits.max_age_ms
     for state in candidates:
         run, closed = first_run(state)
-        if closed or now_ms - run[0].record.created_ms >= limits.max_age_ms:
+        age = now_ms - run[0].record.created_ms
+        if closed or age >= age_line:
             wanted[state.key] = "full" if closed else "age"
             demand -= sum(chunk.size for chunk in run if not chunk.merged)
+            if not closed:
+                age_line = min(age_line, int(limits.max_age_ms * SWEEP_AGE))
     merge = None
     if demand > limits.buffer_bytes * MERGE_AT:
         soon, merge = _choose_merge(

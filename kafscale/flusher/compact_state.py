@@ -151,6 +151,16 @@ class Accumulator:
                 return None
             return part.topic_id, data
 
+    def merged_chunks(self, seals: Iterable[Seal]) -> list[SegmentRecord]:
+        """The chunks of merged objects (read by range, never held) that ``seals`` take."""
+        with self._lock:
+            return [
+                chunk
+                for job in seals
+                for chunk in job.chunks
+                if chunk.object in self._merged_objects
+            ]
+
     def merge_input(self, job: Merge) -> list[tuple[PartitionKey, str, list[bytes]]]:
         """Per run of ``job`` whose chunks are still held as planned: the partition, its topic
         id and the chunks' bytes (runs that changed meanwhile are left out)."""

@@ -11,7 +11,8 @@ to do and carries the jobs out, up to ``PARALLEL_JOBS`` at once:
   chunks the plan names.
 - ``Merge`` (``kafscale.flusher.compact_merge``): write held runs of many partitions into one
   merged write-ahead object and commit it, which frees their memory.
-- ``Seal``: read the chunks of merged objects it needs by range (one GET each), build the
+- ``Seal``: the chunks of merged objects the plan's seals need are read first, with one ranged
+  GET per run of neighbouring chunks in an object (``kafscale.flusher.compact_reads``); build the
   ``.kfs`` and ``.index`` of the chunks' batches (deterministic bytes: the
   first chunk's created time and codec), put-if-absent both at the spec keys of the first chunk's
   base offset (an object already there is judged by ``kafscale.flusher.compact_existing``: a
@@ -35,7 +36,7 @@ from typing import Protocol, TypeVar
 
 from kafscale import metrics
 from kafscale.config import Config
-from kafscale.flusher import compact_existing, compact_merge, compact_plan
+from kafscale.flusher import compact_existing, compact_merge, compact_plan, compact_reads
 from kafscale.flusher.compact_plan import Limits, Load, Merge, PartitionKey, Seal
 from kafscale.flusher.compact_state import BACKOFF_S, Accumulator, backoff
 from kafscale.flusher.objects import EntryUnreadable, split_batches
@@ -60,6 +61,8 @@ MIN_CHECK_GAP_S = 0.05  # between two checks whether a plan could find work
 _J = TypeVar("_J", Seal, Load, Merge)
 _T = TypeVar("_T")
 _Chunks = dict[tuple[PartitionKey, int], tuple[int, memoryview]]  # an object's, with positions
+# Merged chunks read for a plan's seals, by (object, position): the bytes, or why not.
+_Read = dict[compact_reads.ChunkAt, bytes | Exception]
 
 
 def now_ms() -> int:
@@ -100,7 +103,10 @@ class Compactor:
         self.namespace = config.s3_namespace
         self.keys = Keys(self.namespace)
         self.limits = Limits(
-            config.compaction_buffer_bytes, config.compaction_max_age_ms, PARALLEL_JOBS
+            config.compaction_buffer_bytes,
+            config.compaction_max_age_ms,
+            PARALLEL_JOBS,
+            compact_plan.seal_read_bytes(config.compaction_buffer_bytes),
         )
         self.default_segment_bytes = config.segment_bytes
         self._new_client = coordinator
@@ -197,8 +203,9 @@ class Compactor:
         once, but what they bring is kept in plan order (a partition's held chunks stay a run
         from its oldest)."""
         jobs = self._plan()
+        read = self._read_merged([job for job in jobs if isinstance(job, Seal)])
         seals = [
-            self._pool.submit(self._guarded, job, self._seal)
+            self._pool.submit(self._guarded, job, lambda seal: self._seal(seal, read))
             for job in jobs
             if isinstance(job, Seal)
         ] + [
@@ -250,7 +257,8 @@ class Compactor:
     def run_job(self, job: compact_plan.Job) -> None:
         """Carry out one job now (what ``run_once`` does for each of a plan's)."""
         if isinstance(job, Seal):
-            self._guarded(job, self._seal)
+            read = self._read_merged([job])
+            self._guarded(job, lambda seal: self._seal(seal, read))
         elif isinstance(job, Merge):
             self._guarded(job, self._merge)
         elif (found := self._guarded(job, self._fetch)) is not None:
@@ -262,7 +270,9 @@ class Compactor:
             return action(job)
         except Exception as exc:
             storage = isinstance(exc, (ObjectStoreError, MetadataStoreError, RpcError))
-            refused = isinstance(exc, (CompactionFailed, compact_merge.MergeFailed))
+            refused = isinstance(
+                exc, (CompactionFailed, compact_merge.MergeFailed, compact_reads.ChunkUnreadable)
+            )
             kind = "storage" if storage else "refused" if refused else ""
             metrics.COMPACTION_FAILURES.labels(kind or "internal").inc()
             what = {"job": type(job).__name__, "error": f"{type(exc).__name__}: {exc}"}
@@ -297,7 +307,34 @@ class Compactor:
         if missing:
             raise CompactionFailed(f"{job.object} does not hold the chunks {missing} it should")
 
-    def _seal(self, job: Seal) -> None:
+    def _read_merged(self, seals: Sequence[Seal]) -> _Read:
+        """The chunks of merged objects ``seals`` need, read at once with as few ranged GETs as
+        they lie in; a range that fails is that failure for each of its chunks."""
+        ranges = compact_reads.coalesce(self.accumulator.merged_chunks(seals))
+        out: _Read = {}
+
+        def read(found: compact_reads.Range) -> None:
+            try:
+                out.update(compact_reads.read_range(self.objects, found))
+            except Exception as exc:  # each seal needing it fails as it would have alone
+                out.update({(chunk.object, chunk.position): exc for chunk in found.chunks})
+
+        list(self._pool.map(read, ranges))
+        return out
+
+    def _merged_chunk(self, chunk: SegmentRecord, read: _Read) -> bytes:
+        """A merged chunk's bytes as ``_read_merged`` found them (read alone if it did not)."""
+        found = read.get((chunk.object, chunk.position))
+        if found is None:  # the plan's state changed before the reads were planned
+            whole = compact_reads.Range(
+                chunk.object, chunk.position, chunk.position + chunk.size, (chunk,)
+            )
+            found = compact_reads.read_range(self.objects, whole)[(chunk.object, chunk.position)]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _seal(self, job: Seal, read: _Read) -> None:
         key = job.key
         found = self.accumulator.seal_input(job)
         if found is None:
@@ -305,7 +342,7 @@ class Compactor:
         topic_id, held = found
         try:
             data = [
-                part if part is not None else compact_merge.read_merged_chunk(self.objects, chunk)
+                part if part is not None else self._merged_chunk(chunk, read)
                 for chunk, part in zip(job.chunks, held, strict=True)
             ]
         except ObjectNotFound:

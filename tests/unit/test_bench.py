@@ -259,18 +259,21 @@ def test_window_rates_over_the_steady_part() -> None:
 def test_projected_compaction_follows_the_planner() -> None:
     rate = 100e9 / 86_400  # the appendix's bytes a second, stored 1:1
     mib = 1 << 20
-    common = {"segment_bytes": 4 * mib, "max_age_ms": 3_600_000, "buffer_bytes": 512 * mib}
+    common = {"segment_bytes": 4 * mib, "max_age_ms": 3 * 3_600_000, "buffer_bytes": 512 * mib}
     merge_seconds = 256 * mib / rate  # a merged object each time half the buffer came in
-    # 300 partitions: merges free the buffer; partitions are sealed at SEAL_SOON (3 MiB) when
-    # memory is short; each partition's share of each merge is read back once by range.
+    # 300 partitions: merges free the buffer; partitions are sealed at SEAL_SOON (9/10 of 4 MiB)
+    # when memory is short; a plan seals 128 MiB / 3.6 MiB = 35 neighbours, which read each
+    # merged object once: 9 batches over 300 partitions.
     p300 = cost.projected_compaction(stored_bytes_per_sec=rate, partitions=300, **common)
-    assert p300.segment_bytes == pytest.approx(3 * mib)
-    assert p300.put == pytest.approx(2 * rate / (3 * mib) + 1 / merge_seconds)
-    assert p300.get == pytest.approx(300 / merge_seconds)
-    # 3,000 partitions: the maximum age seals 1.4 MB (before 16 merged chunks, 1.44 MB).
+    assert p300.segment_bytes == pytest.approx(0.9 * 4 * mib)
+    assert p300.put == pytest.approx(2 * rate / (0.9 * 4 * mib) + 1 / merge_seconds)
+    assert p300.get == pytest.approx(9 / merge_seconds)
+    # 3,000 partitions: the maximum age (3 h) seals ~4.2 MB (47 merged chunks, under 64);
+    # batches of 128 MiB / 4.2 MB = 32 partitions: 94 GETs per merged object.
     p3000 = cost.projected_compaction(stored_bytes_per_sec=rate, partitions=3000, **common)
-    assert p3000.segment_bytes == pytest.approx(rate / 3000 * 3600)
-    assert p3000.put == pytest.approx(2 * 3000 / 3600 + 1 / merge_seconds)
+    assert p3000.segment_bytes == pytest.approx(rate / 3000 * 3 * 3600)
+    assert p3000.put == pytest.approx(2 * rate / p3000.segment_bytes + 1 / merge_seconds)
+    assert p3000.get == pytest.approx(94 / merge_seconds)
     # Three partitions, a buffer that holds an hour: full 4 MiB segments, no merges.
     p3 = cost.projected_compaction(
         stored_bytes_per_sec=rate,
@@ -281,12 +284,14 @@ def test_projected_compaction_follows_the_planner() -> None:
     )
     assert (p3.segment_bytes, p3.get) == (4 * mib, 0.0)
     assert p3.put == pytest.approx(2 * rate / (4 * mib))
-    # Few partitions, a small buffer: 16 merged chunks come before the segment fills.
+    # Few partitions, a small buffer: 64 merged chunks (8.9 MB) come before the segment fills;
+    # a plan reads 64 MiB of merged chunks (7.5 partitions'): 4 batches over 30 partitions.
     small = cost.projected_compaction(
-        stored_bytes_per_sec=rate, partitions=30, segment_bytes=64 * mib,
+        stored_bytes_per_sec=rate, partitions=30, segment_bytes=1 << 30,
         max_age_ms=3_600_000, buffer_bytes=8 * mib,
     )  # fmt: skip
-    assert small.segment_bytes == pytest.approx(rate / 30 * (4 * mib / rate) * 16)
+    assert small.segment_bytes == pytest.approx(rate / 30 * (4 * mib / rate) * 64)
+    assert small.get == pytest.approx(4 / (4 * mib / rate))
     assert cost.projected_compaction(stored_bytes_per_sec=0.0, partitions=3, **common).put == 0.0
 
 

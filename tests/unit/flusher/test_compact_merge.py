@@ -37,7 +37,7 @@ def test_over_the_threshold_the_oldest_held_runs_of_far_partitions_merge() -> No
 
 
 def test_a_partition_near_its_segment_bytes_is_sealed_not_merged() -> None:
-    near = state("near", chunks([40, 40]), segment_bytes=100)  # 80 >= 75
+    near = state("near", chunks([45, 45]), segment_bytes=100)  # 90: SEAL_SOON
     far = state("far", chunks([10, 10]), segment_bytes=1000)
     jobs = plan([near, far], limits(buffer_bytes=100), NOW)
     assert [(job.key.topic, job.reason) for job in jobs if isinstance(job, Seal)] == [
@@ -214,7 +214,27 @@ def test_sparse_partitions_merge_and_seals_read_the_merged_chunks_by_range() -> 
         while sim.run(young, now):
             pass
     assert any(name.startswith("m") for name in sim.objects)
-    assert sim.ranged_reads > 0
     for key in KEYS:  # 300 bytes each: not sealed yet, but nothing lost
         held = sim.acc.uncompacted(key)
         assert sum(c.size for c in held) + sum(len(d) for _, _, d in sim.segments[key]) == 300
+    assert sim.ranged_reads == 0
+    # aged: each partition is sealed in one segment, its merged chunks read by range
+    while sim.run(Limits(60, 10**9, 4), 2000 + 10**9):
+        pass
+    assert sim.ranged_reads > 0
+    for key in KEYS:
+        assert sim.acc.uncompacted(key) == []
+        assert b"".join(d for _, _, d in sim.segments[key]) == b"".join(sim.committed[key])
+
+
+def test_a_partition_reaching_the_most_merged_chunks_is_sealed() -> None:
+    sim = Simulation(bound=60, segment_bytes=10_000)
+    young = Limits(60, 10**9, 4)
+    now = 1000
+    while not any(sim.segments.values()):
+        sim.commit({p: 3 for p in range(4)}, now)
+        while sim.run(young, now):
+            pass
+        now += 1
+        assert now < 2000, "never sealed"
+    assert sim.ranged_reads >= MAX_MERGED

@@ -134,22 +134,85 @@ def test_a_paused_partition_gets_no_job() -> None:
 
 
 def test_over_the_bound_the_partitions_holding_most_are_sealed_first_until_it_fits() -> None:
-    # every partition is near its segment.bytes (>= 3/4): sealed, not merged
+    # every partition is near its segment.bytes (>= SEAL_SOON, 9/10): sealed, not merged
     partitions = [
-        state("a", chunks([25, 25]), segment_bytes=64),
-        state("b", chunks([30, 30]), segment_bytes=64),
-        state("c", chunks([27, 27]), segment_bytes=64),
+        state("a", chunks([28, 28]), segment_bytes=62),
+        state("b", chunks([30, 30]), segment_bytes=62),
+        state("c", chunks([29, 29]), segment_bytes=62),
     ]
-    jobs = plan(partitions, limits(buffer_bytes=150), NOW)
+    jobs = plan(partitions, limits(buffer_bytes=160), NOW)
     assert [(job.key.topic, job.reason) for job in seals(jobs)] == [("b", "memory")]
-    jobs = plan(partitions, limits(buffer_bytes=130), NOW)
+    jobs = plan(partitions, limits(buffer_bytes=140), NOW)
     assert [job.key.topic for job in seals(jobs)] == ["b", "c"]
     assert not [job for job in jobs if isinstance(job, Merge)]
 
 
-def test_at_most_max_jobs() -> None:
-    partitions = [state(f"t{i}", chunks([60, 60])) for i in range(5)]
-    assert len(plan(partitions, limits(max_jobs=3), NOW)) == 3
+def test_at_most_max_jobs_loads_and_merges_besides_the_seals() -> None:
+    full = [state(f"t{i}", chunks([60, 60])) for i in range(5)]
+    assert len(seals(plan(full, limits(max_jobs=3), NOW))) == 5
+    lacking = [
+        state(f"l{i}", chunks([10, 20], held=0, objects=[f"w{i}", f"x{i}"]), segment_bytes=1000)
+        for i in range(5)
+    ]
+    assert len(plan(lacking, limits(max_jobs=3), NOW + HOUR)) == 3
+    jobs = plan(full + lacking, limits(max_jobs=3), NOW + HOUR)
+    assert len(seals(jobs)) == 5 and loads(jobs) == []  # seals take the loads' places
+
+
+def test_at_most_seal_batch_seals() -> None:
+    many = [state(f"t{i:03d}", chunks([60, 60])) for i in range(compact_plan.SEAL_BATCH + 5)]
+    jobs = plan(many, limits(), NOW)
+    assert [job.key.topic for job in jobs] == [f"t{i:03d}" for i in range(compact_plan.SEAL_BATCH)]
+
+
+# --- sweeps and batches (write-path.md section 11.2) -------------------------------------------
+
+
+def merged_chunks(sizes: Sequence[int], created: int, objects: Sequence[str]) -> tuple[Chunk, ...]:
+    items = chunks(sizes, created=[created] * len(sizes), objects=objects)
+    return tuple(Chunk(c.record, held=False, merged=True) for c in items)
+
+
+def test_once_one_run_is_due_by_age_the_nearly_as_old_are_sealed_with_it() -> None:
+    old = state("a", chunks([10], created=[1000]))
+    nearly = state("b", chunks([10], created=[1000 + HOUR // 20]))  # 95% of the max age
+    young = state("c", chunks([10], created=[1000 + HOUR // 5]))  # 80%
+    jobs = plan([young, nearly, old], limits(), 1000 + HOUR)
+    assert [(job.key.topic, job.reason) for job in jobs] == [("a", "age"), ("b", "age")]
+    assert plan([young, nearly], limits(), 1000 + HOUR) == []  # nothing due: no sweep
+
+
+def test_a_full_run_starts_no_sweep() -> None:
+    full = state("a", chunks([60, 60]))
+    nearly = state("b", chunks([10], created=[1000 + HOUR // 20]))
+    assert [job.key.topic for job in plan([full, nearly], limits(), 1000 + HOUR - 1)] == ["a"]
+
+
+def test_a_plans_seals_go_in_key_order_memory_seals_first() -> None:
+    aged = [state(name, chunks([10], created=[1000])) for name in ("d", "b", "c")]
+    young = [1000 + HOUR - 10] * 2
+    near = state("z", chunks([45, 45], created=young), segment_bytes=100)  # SEAL_SOON: memory
+    other = state("a", chunks([20, 20], created=young), segment_bytes=10_000)
+    jobs = plan([*aged, near, other], limits(buffer_bytes=100), 1000 + HOUR)
+    assert [(job.key.topic, job.reason) for job in seals(jobs)] == [
+        ("z", "memory"),
+        ("b", "age"),
+        ("c", "age"),
+        ("d", "age"),
+    ]
+
+
+def test_seals_read_at_most_seal_read_bytes_of_merged_chunks_and_at_least_one_seal() -> None:
+    partitions = [
+        state(f"p{i}", merged_chunks([30, 30], 1000, ["m1", "m2"]) + chunks([5], created=[1500]))
+        for i in range(4)
+    ]
+    bounded = Limits(10_000, HOUR, 8, seal_read_bytes=130)
+    assert [job.key.topic for job in plan(partitions, bounded, 1000 + HOUR)] == ["p0", "p1"]
+    tiny = Limits(10_000, HOUR, 8, seal_read_bytes=1)
+    assert [job.key.topic for job in plan(partitions, tiny, 1000 + HOUR)] == ["p0"]
+    held_only = [state(f"h{i}", chunks([60], created=[1000])) for i in range(3)]
+    assert len(plan(held_only, tiny, 1000 + HOUR)) == 3  # held bytes are not read
 
 
 # --- loads --------------------------------------------------------------------------------------
@@ -253,7 +316,8 @@ def test_every_plan_keeps_the_invariants(
     lim = Limits(lim.buffer_bytes, 1000, lim.max_jobs)
     jobs = plan(partitions, lim, now, paused_objects)
     by_key = {p.key: p for p in partitions}
-    assert len(jobs) <= lim.max_jobs
+    assert len(jobs) - len(seals(jobs)) <= lim.max_jobs
+    assert len(seals(jobs)) <= compact_plan.SEAL_BATCH
     sealed = [job.key for job in seals(jobs)]
     assert len(sealed) == len(set(sealed))
     for seal in seals(jobs):
@@ -299,11 +363,18 @@ def test_aged_and_full_runs_that_are_held_are_sealed(
     lim = Limits(10**9, 1000, 100)
     jobs = plan(partitions, lim, now)
     sealed = {job.key: job for job in seals(jobs)}
+    # a sweep: once one run (held or not) is due by age, runs 9/10 as old are due too
+    sweep = any(
+        not p.paused and p.chunks and not first_run(p)[1]
+        and now - p.chunks[0].record.created_ms >= lim.max_age_ms
+        for p in partitions
+    )  # fmt: skip
+    line = lim.max_age_ms * compact_plan.SWEEP_AGE if sweep else lim.max_age_ms
     for partition in partitions:
         run, closed = first_run(partition)
         if partition.paused or not run or not all(c.held for c in run):
             continue
-        due = closed or now - run[0].record.created_ms >= lim.max_age_ms
+        due = closed or now - run[0].record.created_ms >= line
         assert (partition.key in sealed) == due
         if due:
             assert len(sealed[partition.key].chunks) == len(run)

@@ -5,6 +5,7 @@ a retry after a crash between PUT and commit reuses the objects."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
@@ -317,6 +318,51 @@ def test_the_memory_bound_holds_and_everything_is_compacted(world: World) -> Non
             assert (kfs, index) == world.expected_segment(
                 partition, entry.base_offset, entry.last_offset, created_ms=2**62
             )
+
+
+def test_a_sweep_reads_the_merged_chunks_of_its_partitions_with_one_get_per_object(
+    world: World,
+) -> None:
+    bound = 6000  # a cycle brings 2,960 bytes: a merge every four cycles
+    compactor = world.compactor(buffer_bytes=bound, segment_bytes=1 << 20)
+    for _ in range(12):
+        world.cycle({0: 2, 1: 2}, created_ms=2**62, to=compactor)
+        while compactor.run_once():
+            pass
+    merged = {
+        e.object for p in (0, 1) for e in world.entries(p) if e.is_chunk and TOKEN not in e.object
+    }
+    in_merged = [e for p in (0, 1) for e in world.entries(p) if e.object in merged]
+    assert len(merged) == 3 and len(in_merged) == 6  # each holds a chunk of both partitions
+    world.objects.wal_gets.clear()
+    compactor.limits = dataclasses.replace(compactor.limits, max_age_ms=-(2**62))
+    run_until_idle(compactor)
+    # each merged object read once, whatever the number of its chunks; nothing else read
+    assert sorted(world.objects.wal_gets) == sorted(merged)
+    for partition in (0, 1):
+        (entry,) = world.entries(partition)
+        assert not entry.is_chunk and (entry.base_offset, entry.last_offset) == (0, 23)
+        assert world.stored_segment(partition, 0) == world.expected_segment(
+            partition, 0, 23, created_ms=2**62
+        )
+
+
+def test_a_merged_chunk_that_does_not_verify_fails_only_its_seal(world: World) -> None:
+    compactor = world.compactor(buffer_bytes=4000, segment_bytes=1 << 20)
+    for _ in range(12):
+        world.cycle({0: 2, 1: 2}, created_ms=2**62, to=compactor)
+        while compactor.run_once():
+            pass
+    chunk = next(e for e in world.entries(1) if e.is_chunk and TOKEN not in e.object)
+    path = Path(world.objects.root) / chunk.object
+    data = bytearray(path.read_bytes())
+    data[chunk.position + chunk.size - 1] ^= 0xFF  # the last byte of partition 1's chunk
+    path.write_bytes(bytes(data))
+    compactor.limits = dataclasses.replace(compactor.limits, max_age_ms=-(2**62))
+    compactor.run_once()
+    assert not any(e.is_chunk for e in world.entries(0))  # sealed
+    assert any(e.is_chunk for e in world.entries(1))  # refused: its bytes are not its chunk's
+    assert world.stored_segment(0, 0) == world.expected_segment(0, 0, 23, created_ms=2**62)
 
 
 # --- retries ------------------------------------------------------------------------------------

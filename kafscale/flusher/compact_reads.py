@@ -1,0 +1,101 @@
+"""The merged chunks a plan's seals need, read with few ranged GETs
+(docs/design/write-path.md, section 11.2).
+
+Every merged object holds a chunk of each partition it merged, side by side in (topic,
+partition) order, and the planner batches seals of neighbouring partitions: so the chunks one
+plan needs from an object mostly touch or lie close. ``coalesce`` (pure) groups them into
+ranges, one GET each; ``read_range`` reads one range and cuts it into chunks, each checked as a
+single chunk's read would be (``verify_chunk``): batch framing, every batch's CRC32C, the
+chunk's first offset and size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kafscale.metadata.records import SegmentRecord
+from kafscale.protocol import records
+from kafscale.storage.objects import ObjectStore
+
+MAX_GAP = 1 << 20  # bytes between two chunks that are read rather than paid a GET for
+MAX_RANGE = 64 << 20  # bytes one ranged GET may bring
+
+ChunkAt = tuple[str, int]  # a chunk's object and position: what a read result is keyed by
+
+
+class ChunkUnreadable(Exception):
+    """The bytes read are not the chunk's batches (the object changed or is corrupt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Bytes ``[start, end)`` of ``object``, holding ``chunks`` (in position order)."""
+
+    object: str
+    start: int
+    end: int
+    chunks: tuple[SegmentRecord, ...]
+
+
+def coalesce(
+    chunks: Iterable[SegmentRecord], max_gap: int = MAX_GAP, max_range: int = MAX_RANGE
+) -> list[Range]:
+    """The ranges to GET for ``chunks`` (each once, whatever the number of times it is named):
+    per object, chunks in position order; one joins the range before it when it starts at most
+    ``max_gap`` bytes after the range's end and the range stays within ``max_range`` bytes (a
+    chunk bigger than that is a range of its own)."""
+    by_object: dict[str, dict[int, SegmentRecord]] = {}
+    for chunk in chunks:
+        by_object.setdefault(chunk.object, {})[chunk.position] = chunk
+    out: list[Range] = []
+    for name in sorted(by_object):
+        start, end, taken = 0, 0, list[SegmentRecord]()
+        for position in sorted(by_object[name]):
+            chunk = by_object[name][position]
+            chunk_end = position + chunk.size
+            if taken and position - end <= max_gap and max(end, chunk_end) - start <= max_range:
+                end = max(end, chunk_end)
+                taken.append(chunk)
+                continue
+            if taken:
+                out.append(Range(name, start, end, tuple(taken)))
+            start, end, taken = position, chunk_end, [chunk]
+        if taken:
+            out.append(Range(name, start, end, tuple(taken)))
+    return out
+
+
+def read_range(objects: ObjectStore, found: Range) -> dict[ChunkAt, bytes]:
+    """The chunks of ``found`` read with one ranged GET, each verified. Raises ObjectNotFound
+    (the object is gone: compacted or deleted meanwhile), ObjectStoreError, or ChunkUnreadable
+    for the first chunk that does not verify."""
+    data = memoryview(objects.get(found.object, found.start, found.end - found.start))
+    out: dict[ChunkAt, bytes] = {}
+    for chunk in found.chunks:
+        at = chunk.position - found.start
+        out[(chunk.object, chunk.position)] = verify_chunk(chunk, data[at : at + chunk.size])
+    return out
+
+
+def verify_chunk(chunk: SegmentRecord, data: bytes | memoryview) -> bytes:
+    """``data`` as the bytes of ``chunk`` once its batches frame it exactly, pass their
+    CRC32C and begin at its base offset; else ChunkUnreadable."""
+    view, position = memoryview(data), 0
+    where = f"{chunk.object}@{chunk.position}"
+    if len(view) != chunk.size:
+        raise ChunkUnreadable(f"{where}: {len(view)} bytes, committed as {chunk.size}")
+    while position < len(view):
+        try:
+            header = records.read_header(view, position)
+        except records.CorruptRecordBatch as exc:
+            raise ChunkUnreadable(f"{where}: {exc}") from None
+        end = position + header.size
+        if header.size < records.HEADER.size or end > len(view):
+            raise ChunkUnreadable(f"{where}: a batch does not frame")
+        if records.batch_crc(view[position:end]) != header.crc:
+            raise ChunkUnreadable(f"{where}: a batch fails its CRC")
+        position = end
+    if not len(view) or records.read_header(view).base_offset != chunk.base_offset:
+        raise ChunkUnreadable(f"{where} does not hold the chunk's batches")
+    return bytes(view)
