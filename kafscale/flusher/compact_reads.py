@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kafscale.metadata.records import SegmentRecord
-from kafscale.protocol import records
+from kafscale.storage import chunks
 from kafscale.storage.objects import ObjectStore
+from kafscale.storage.segment import CorruptSegment
 
 MAX_GAP = 1 << 20  # bytes between two chunks that are read rather than paid a GET for
 MAX_RANGE = 64 << 20  # bytes one ranged GET may bring
@@ -79,23 +80,17 @@ def read_range(objects: ObjectStore, found: Range) -> dict[ChunkAt, bytes]:
 
 
 def verify_chunk(chunk: SegmentRecord, data: bytes | memoryview) -> bytes:
-    """``data`` as the bytes of ``chunk`` once its batches frame it exactly, pass their
-    CRC32C and begin at its base offset; else ChunkUnreadable."""
-    view, position = memoryview(data), 0
-    where = f"{chunk.object}@{chunk.position}"
-    if len(view) != chunk.size:
-        raise ChunkUnreadable(f"{where}: {len(view)} bytes, committed as {chunk.size}")
-    while position < len(view):
-        try:
-            header = records.read_header(view, position)
-        except records.CorruptRecordBatch as exc:
-            raise ChunkUnreadable(f"{where}: {exc}") from None
-        end = position + header.size
-        if header.size < records.HEADER.size or end > len(view):
-            raise ChunkUnreadable(f"{where}: a batch does not frame")
-        if records.batch_crc(view[position:end]) != header.crc:
-            raise ChunkUnreadable(f"{where}: a batch fails its CRC")
-        position = end
-    if not len(view) or records.read_header(view).base_offset != chunk.base_offset:
-        raise ChunkUnreadable(f"{where} does not hold the chunk's batches")
-    return bytes(view)
+    """``data`` as the bytes of ``chunk`` once they are its size and its batches
+    (``kafscale.storage.chunks.verify_chunk``: framing, every CRC32C, exactly the offsets it was
+    committed with); else ChunkUnreadable."""
+    if len(data) != chunk.size:
+        raise ChunkUnreadable(
+            f"{chunk.object}@{chunk.position}: {len(data)} bytes, committed as {chunk.size}"
+        )
+    try:
+        chunks.verify_chunk(
+            data, chunk.object, chunk.position, chunk.base_offset, chunk.last_offset
+        )
+    except CorruptSegment as exc:
+        raise ChunkUnreadable(str(exc)) from None
+    return bytes(data)

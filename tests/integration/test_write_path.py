@@ -21,7 +21,7 @@ import pytest
 
 from kafscale import config as configuration
 from kafscale.metadata import open_metadata_store
-from kafscale.metadata.records import Keys, SegmentRecord, decode_topic
+from kafscale.metadata.records import Keys, SegmentRecord, decode_topic, decode_wal
 from kafscale.protocol import records as batches
 from kafscale.storage import open_object_store, wal
 from kafscale.storage import segment as segments
@@ -216,6 +216,80 @@ def test_compaction_rewrites_chunks_into_spec_segments(
     assert [r.value for r in committed_records(broker.env, "compacted", 0)] == sent
     assert sorted(consume_all(broker.bootstrap, "compacted", 1, len(sent))) == sent
     assert metric(broker, "kafscale_compactions_total") >= 1
+
+
+@pytest.mark.parametrize("backends", ["embedded", "real"])
+def test_a_sweep_seals_sparse_partitions_reading_merged_objects_by_range(
+    start_broker: Callable[..., Any], backends: str
+) -> None:
+    """Many sparse partitions and a small compaction buffer: their chunks go into merged
+    objects, each holding a chunk of many partitions. When they age, one sweep seals them all
+    into spec segments, reading each merged object with about one ranged GET, not one per
+    chunk; every record is in its segment."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = start_broker(
+        env={
+            "KAFSCALE_FLUSH_INTERVAL_MS": "20",
+            "KAFSCALE_COMPACTION_BUFFER_BYTES": "256KiB",  # merges at 192 KiB
+            "KAFSCALE_COMPACTION_MAX_AGE_MS": "20000",
+        },
+        backends=backends,
+        ready=True,
+    )
+    partitions = 24
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("sparse", partitions, 1)])["sparse"].result(30)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "1", "linger.ms": 5})
+    sent: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    for round_ in range(4):  # within a second: one sweep takes them all
+        for p in range(partitions):
+            for i in range(10):
+                value = b"%d-%d-%d-" % (p, round_, i) + os.urandom(1000)
+                sent[p].append(value)
+                producer.produce("sparse", value, partition=p)
+        assert producer.flush(60) == 0
+        time.sleep(0.25)
+    wait_for(lambda: metric(broker, "kafscale_compaction_merges_total") >= 2, 30, "merges")
+    time.sleep(2)  # what the merges leave settles; nothing is due before the max age
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    try:
+        wal_records = [
+            decode_wal(kv.value) for kv in store.get_prefix(Keys(config.s3_namespace).wal_objects)
+        ]
+    finally:
+        store.close()
+    merged = {record.key for record in wal_records if record.merged}
+    chunks = [
+        entry.record
+        for p in range(partitions)
+        for entry in committed_entries(broker.env, "sparse", p)
+        if entry.is_chunk
+    ]
+    in_merged = [chunk for chunk in chunks if chunk.object in merged]
+    others = {chunk.object for chunk in chunks if chunk.object not in merged}
+    assert len(in_merged) >= 4 * len(merged) > 0  # a merged object holds many partitions'
+    gets_before = s3_requests(broker, "get")
+    wait_for(
+        lambda: (
+            not any(
+                entry.is_chunk
+                for p in range(partitions)
+                for entry in committed_entries(broker.env, "sparse", p)
+            )
+        ),
+        90,
+        "the sweep",
+    )
+    gets = s3_requests(broker, "get") - gets_before
+    # a ranged GET per merged object (twice if the sweep was split), a load per other object
+    assert gets <= 2 * len(merged) + len(others) < len(in_merged) + len(others)
+    for p in range(partitions):
+        entries = committed_entries(broker.env, "sparse", p)
+        assert all(not entry.is_chunk for entry in entries)
+        assert [r.value for r in committed_records(broker.env, "sparse", p)] == sent[p]
 
 
 def test_an_uploaded_but_uncommitted_object_is_adopted_at_boot(

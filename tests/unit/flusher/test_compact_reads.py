@@ -17,8 +17,11 @@ from kafscale.storage.local import LocalObjectStore
 from kafscale.storage.objects import ObjectNotFound
 
 
-def chunk(obj: str, position: int, size: int, base: int = 0) -> SegmentRecord:
-    return SegmentRecord(base, base, size, 0, 1, 0, 0, obj, position)
+def chunk(
+    obj: str, position: int, size: int, base: int = 0, last: int | None = None
+) -> SegmentRecord:
+    last = base if last is None else last
+    return SegmentRecord(base, last, size, 0, last - base + 1, 0, 0, obj, position)
 
 
 def test_neighbouring_chunks_share_a_range_and_far_ones_do_not() -> None:
@@ -95,14 +98,14 @@ def store(tmp_path: Path) -> LocalObjectStore:
 def test_a_range_is_cut_into_its_verified_chunks(store: LocalObjectStore) -> None:
     first, second = batch(0, b"a") + batch(1, b"b"), batch(7, b"c")
     store.put_if_absent("m", b"x" * 10 + first + b"gap" + second)
-    chunks = (chunk("m", 10, len(first), 0), chunk("m", 13 + len(first), len(second), 7))
+    chunks = (chunk("m", 10, len(first), 0, 1), chunk("m", 13 + len(first), len(second), 7))
     got = read_range(store, Range("m", 10, 13 + len(first) + len(second), chunks))
     assert got == {("m", 10): first, ("m", 13 + len(first)): second}
 
 
 @pytest.mark.parametrize(
     "damage",
-    ["crc", "offset", "short"],
+    ["crc", "offset", "short", "last offset"],
 )
 def test_a_chunk_that_is_not_its_batches_is_unreadable(
     store: LocalObjectStore, damage: str
@@ -115,7 +118,7 @@ def test_a_chunk_that_is_not_its_batches_is_unreadable(
         base = 6
     store.put_if_absent("m", bytes(data))
     size = len(data) + (1 if damage == "short" else 0)  # committed longer than the object
-    record = chunk("m", 0, size, base)
+    record = chunk("m", 0, size, base, 6 if damage == "last offset" else base)
     with pytest.raises(ChunkUnreadable):
         read_range(store, Range("m", 0, size, (record,)))
 
