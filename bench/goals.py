@@ -45,9 +45,15 @@ def put_rate(ours: Result, _kafka: Result | None) -> str | None:
     return _verdict(text, extra["s3_put_per_sec"] <= bound)
 
 
+# A local directory bills no request: the dollar goals are S3's (MinIO with added latency).
+NO_REQUEST_PRICE = "- (a local store's requests cost nothing)"
+
+
 def request_dollars(ours: Result, _kafka: Result | None) -> str | None:
     """Requests a month per broker at the measured rates, against $60."""
     extra = ours["extra"]
+    if ours["target"] != S3:
+        return NO_REQUEST_PRICE
     if "s3_put_per_sec" not in extra:
         return "not measured"
     dollars = cost.request_dollars_per_month(cost.request_rates(extra))
@@ -57,6 +63,8 @@ def request_dollars(ours: Result, _kafka: Result | None) -> str | None:
 def projected_dollars(ours: Result, _kafka: Result | None) -> str | None:
     """The same with compaction's projected steady-state PUTs in place of the measured ones."""
     extra = ours["extra"]
+    if ours["target"] != S3:
+        return NO_REQUEST_PRICE
     if "s3_put_per_sec" not in extra or "projected_compaction_puts_per_sec" not in extra:
         return "not measured"
     rates = projected_rates(extra)

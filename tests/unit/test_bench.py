@@ -391,6 +391,8 @@ def test_cost_goals_and_table() -> None:
     assert "4.20/s vs <= 4.20/s met" in puts
     dollars = next(line for line in lines if "(measured)" in line)
     assert "$54.43 met" in dollars  # 4.2 x 2,592,000 x $0.005/1000
+    # the local store bills no request: no dollar verdict for the embedded target
+    assert f"| cost-p300, kafka-tools | {goals.NO_REQUEST_PRICE} | $54.43 met |" in dollars
     projected = next(line for line in lines if "projected" in line)
     # 4.2 - 0.2 measured + 1.3 projected = 5.3 PUTs/s: $68.69.
     assert "$68.69 **missed**" in projected
