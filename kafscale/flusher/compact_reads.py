@@ -11,7 +11,7 @@ chunk's first offset and size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kafscale.metadata.records import SegmentRecord
@@ -94,3 +94,39 @@ def verify_chunk(chunk: SegmentRecord, data: bytes | memoryview) -> bytes:
     except CorruptSegment as exc:
         raise ChunkUnreadable(str(exc)) from None
     return bytes(data)
+
+
+# Merged chunks read for a plan's seals, by (object, position): the bytes, or why not.
+Found = dict[ChunkAt, bytes | Exception]
+
+
+def read_all(
+    objects: ObjectStore,
+    chunks: Iterable[SegmentRecord],
+    run: Callable[[Callable[[Range], None], list[Range]], object],
+) -> Found:
+    """``chunks`` read with the ranges ``coalesce`` gives, ``run(read, ranges)`` calling
+    ``read`` for each (on a pool: at once). A range that fails is that failure for each of its
+    chunks: only the seals needing them fail, as they would have reading alone."""
+    out: Found = {}
+
+    def read(found: Range) -> None:
+        try:
+            out.update(read_range(objects, found))
+        except Exception as exc:
+            out.update({(chunk.object, chunk.position): exc for chunk in found.chunks})
+
+    run(read, coalesce(chunks))
+    return out
+
+
+def take(objects: ObjectStore, chunk: SegmentRecord, found: Found) -> bytes:
+    """``chunk``'s bytes as ``read_all`` found them (read alone if it was not asked for: the
+    partition changed between the plan and its reads); raises what reading it raised."""
+    got = found.get((chunk.object, chunk.position))
+    if got is None:
+        alone = Range(chunk.object, chunk.position, chunk.position + chunk.size, (chunk,))
+        got = read_range(objects, alone)[(chunk.object, chunk.position)]
+    if isinstance(got, Exception):
+        raise got
+    return got

@@ -15,8 +15,8 @@ to do and carries the jobs out, up to ``PARALLEL_JOBS`` at once:
   GET per run of neighbouring chunks in an object (``kafscale.flusher.compact_reads``); build the
   ``.kfs`` and ``.index`` of the chunks' batches (deterministic bytes: the
   first chunk's created time and codec), put-if-absent both at the spec keys of the first chunk's
-  base offset (an object already there is judged by ``kafscale.flusher.compact_existing``: a
-  committed object is never overwritten), ask the coordinator to ``CommitCompaction``, then drop
+  base offset (``kafscale.flusher.compact_seal``: an object already there is judged, a committed
+  one never overwritten), ask the coordinator to ``CommitCompaction``, then drop
   the chunks and tell the shard owning the partition (``SegmentsCompacted``). A refused commit
   (retention or deletion changed the entries) reloads the partition's entries from the store.
 
@@ -36,8 +36,9 @@ from typing import Protocol, TypeVar
 
 from kafscale import metrics
 from kafscale.config import Config
-from kafscale.flusher import compact_existing, compact_merge, compact_plan, compact_reads
+from kafscale.flusher import compact_merge, compact_plan, compact_reads
 from kafscale.flusher.compact_plan import Limits, Load, Merge, PartitionKey, Seal
+from kafscale.flusher.compact_seal import AlreadyCompacted, CompactionFailed, SegmentWriter
 from kafscale.flusher.compact_state import BACKOFF_S, Accumulator, backoff
 from kafscale.flusher.objects import EntryUnreadable, split_batches
 from kafscale.ipc import messages, routing, write_path
@@ -61,8 +62,6 @@ MIN_CHECK_GAP_S = 0.05  # between two checks whether a plan could find work
 _J = TypeVar("_J", Seal, Load, Merge)
 _T = TypeVar("_T")
 _Chunks = dict[tuple[PartitionKey, int], tuple[int, memoryview]]  # an object's, with positions
-# Merged chunks read for a plan's seals, by (object, position): the bytes, or why not.
-_Read = dict[compact_reads.ChunkAt, bytes | Exception]
 
 
 def now_ms() -> int:
@@ -75,15 +74,6 @@ class CoordinatorClient(Protocol):
     def call(self, message: messages.Message, bulk: Bulk = (), timeout_ms: int = 1000) -> Reply: ...
 
     def close(self) -> None: ...
-
-
-class CompactionFailed(Exception):
-    """A compaction could not complete; it is tried again after a back-off."""
-
-
-class _AlreadyCompacted(Exception):
-    def __init__(self, segment: SegmentRecord) -> None:
-        self.segment = segment
 
 
 class Compactor:
@@ -113,6 +103,7 @@ class Compactor:
         self._notify = notify
         self._shards = shards
         self.accumulator = Accumulator(config.compaction_buffer_bytes, config.segment_bytes)
+        self.writer = SegmentWriter(objects, store, self.namespace)
         self._lock = threading.Lock()  # guards _clients
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -307,34 +298,13 @@ class Compactor:
         if missing:
             raise CompactionFailed(f"{job.object} does not hold the chunks {missing} it should")
 
-    def _read_merged(self, seals: Sequence[Seal]) -> _Read:
-        """The chunks of merged objects ``seals`` need, read at once with as few ranged GETs as
-        they lie in; a range that fails is that failure for each of its chunks."""
-        ranges = compact_reads.coalesce(self.accumulator.merged_chunks(seals))
-        out: _Read = {}
+    def _read_merged(self, seals: Sequence[Seal]) -> compact_reads.Found:
+        """The merged chunks ``seals`` need, read at once with as few ranged GETs as they lie
+        in (on the pool, before the seals run)."""
+        chunks = self.accumulator.merged_chunks(seals)
+        return compact_reads.read_all(self.objects, chunks, lambda f, r: list(self._pool.map(f, r)))
 
-        def read(found: compact_reads.Range) -> None:
-            try:
-                out.update(compact_reads.read_range(self.objects, found))
-            except Exception as exc:  # each seal needing it fails as it would have alone
-                out.update({(chunk.object, chunk.position): exc for chunk in found.chunks})
-
-        list(self._pool.map(read, ranges))
-        return out
-
-    def _merged_chunk(self, chunk: SegmentRecord, read: _Read) -> bytes:
-        """A merged chunk's bytes as ``_read_merged`` found them (read alone if it did not)."""
-        found = read.get((chunk.object, chunk.position))
-        if found is None:  # the plan's state changed before the reads were planned
-            whole = compact_reads.Range(
-                chunk.object, chunk.position, chunk.position + chunk.size, (chunk,)
-            )
-            found = compact_reads.read_range(self.objects, whole)[(chunk.object, chunk.position)]
-        if isinstance(found, Exception):
-            raise found
-        return found
-
-    def _seal(self, job: Seal, read: _Read) -> None:
+    def _seal(self, job: Seal, read: compact_reads.Found) -> None:
         key = job.key
         found = self.accumulator.seal_input(job)
         if found is None:
@@ -342,7 +312,7 @@ class Compactor:
         topic_id, held = found
         try:
             data = [
-                part if part is not None else self._merged_chunk(chunk, read)
+                part if part is not None else compact_reads.take(self.objects, chunk, read)
                 for chunk, part in zip(job.chunks, held, strict=True)
             ]
         except ObjectNotFound:
@@ -354,10 +324,10 @@ class Compactor:
         batches = [batch for chunk_data in data for batch in _split(chunk_data)]
         kfs, index = segments.build_segment(batches, flags=first.codec, created_ms=first.created_ms)
         try:
-            count, created_ms, size, index_size = self._upload(
+            count, created_ms, size, index_size = self.writer.upload(
                 key, topic_id, chunks, data, kfs, index
             )
-        except _AlreadyCompacted as done:
+        except AlreadyCompacted as done:
             self._compacted(key, topic_id, done.segment)
             return
         chunks = chunks[:count]
@@ -379,17 +349,16 @@ class Compactor:
             raise CompactionFailed(f"the coordinator could not commit: {reply.message}")
         if not isinstance(reply, write_path.SegmentCommitted):
             raise CompactionFailed(f"unexpected reply from the coordinator: {reply!r}")
-        if reply.committed or self._committed_record(key, first.base_offset) == segment:
+        if reply.committed or self.writer.committed_record(key, first.base_offset) == segment:
             self._compacted(key, topic_id, segment)
             return
         log.info(
             "compaction refused; reloading the partition's entries",
             extra={"topic": key.topic, "partition": key.partition, "reason": reply.error},
         )
-        current = self._committed_record(key, first.base_offset)
+        current = self.writer.committed_record(key, first.base_offset)
         if current is None or current.is_chunk:  # nothing refers to what we uploaded
-            self._delete_if_ours(segments.segment_key(self.namespace, *key, first.base_offset), kfs)
-            self._delete_if_ours(segments.index_key(self.namespace, *key, first.base_offset), index)
+            self.writer.remove_if_ours(key, first.base_offset, kfs, index)
         self._reload(key)
 
     def _merge(self, job: Merge) -> None:
@@ -399,59 +368,6 @@ class Compactor:
             self._reload,
         )
         self.merger.merge(job, edges)
-
-    def _upload(
-        self,
-        key: PartitionKey,
-        topic_id: str,
-        chunks: Sequence[SegmentRecord],
-        data: Sequence[bytes],
-        kfs: bytes,
-        index: bytes,
-    ) -> tuple[int, int, int, int]:
-        """Put the segment and its index; how many chunks the segment now under the key holds
-        (ours: all; an earlier attempt's: fewer), its created time, size and index size."""
-        base_offset = chunks[0].base_offset
-        kfs_key = segments.segment_key(self.namespace, *key, base_offset)
-        index_key = segments.index_key(self.namespace, *key, base_offset)
-        count, created_ms = len(chunks), chunks[0].created_ms
-        if not self._put(kfs_key, kfs):
-            existing = self.objects.get(kfs_key)
-            committed = self._committed_record(key, base_offset)
-            if committed is not None and not committed.is_chunk:
-                raise _AlreadyCompacted(committed)  # by an earlier attempt whose answer was lost
-            decision = compact_existing.judge(
-                existing, kfs, chunks, data, self._topic_created_ms(key, topic_id)
-            )
-            if isinstance(decision, compact_existing.Conflict):
-                log.error("not overwriting %s: %s", kfs_key, decision.reason)
-                raise CompactionFailed(f"{kfs_key} holds {decision.reason}")
-            if isinstance(decision, compact_existing.Adopt):
-                count, created_ms, kfs = decision.chunks, decision.created_ms, existing
-                index = segments.rebuild_index(existing)
-            else:
-                log.warning("replacing %s: %s", kfs_key, decision.reason)
-                self.objects.delete(kfs_key)
-                if not self._put(kfs_key, kfs):
-                    raise CompactionFailed(f"{kfs_key} was written again while we replaced it")
-        if not self._put(index_key, index):
-            # our segment is in place and no record refers to the index yet: a leftover
-            log.warning("replacing a leftover index", extra={"key": index_key})
-            self.objects.delete(index_key)
-            if not self._put(index_key, index):
-                raise CompactionFailed(f"{index_key} was written again while we replaced it")
-        return count, created_ms, len(kfs), len(index)
-
-    def _put(self, key: str, data: bytes) -> bool:
-        """Put-if-absent; True if the key now holds ``data`` (created, or ours already)."""
-        started = time.monotonic()
-        try:
-            created = self.objects.put_if_absent(key, data)
-        except ObjectStoreError:
-            metrics.S3_ERRORS.labels("put").inc()
-            raise
-        metrics.S3_PUT_SECONDS.observe(time.monotonic() - started)
-        return created or self.objects.get(key) == data
 
     def _compacted(self, key: PartitionKey, topic_id: str, segment: SegmentRecord) -> None:
         self.accumulator.compacted(key, segment)
@@ -472,24 +388,6 @@ class Compactor:
         topic = metadata_records.decode_topic(topic_kv.value) if topic_kv is not None else None
         stored = [metadata_records.decode_segment(kv.value) for kv in kvs]
         self.accumulator.replace(key, topic.topic_id if topic else None, stored)
-
-    # --- reads ----------------------------------------------------------------------------------
-
-    def _committed_record(self, key: PartitionKey, base_offset: int) -> SegmentRecord | None:
-        kv = self.store.get(self.keys.segment(key.topic, key.partition, base_offset))
-        return metadata_records.decode_segment(kv.value) if kv is not None else None
-
-    def _topic_created_ms(self, key: PartitionKey, topic_id: str) -> int:
-        kv = self.store.get(self.keys.topic(key.topic))
-        topic = metadata_records.decode_topic(kv.value) if kv is not None else None
-        return topic.created_ms if topic is not None and topic.topic_id == topic_id else 0
-
-    def _delete_if_ours(self, key: str, data: bytes) -> None:
-        try:
-            if self.objects.get(key) == data:
-                self.objects.delete(key)
-        except ObjectNotFound:
-            pass
 
     def _coordinator(self) -> CoordinatorClient:
         """One client per worker thread (ZeroMQ sockets are not thread-safe)."""
