@@ -86,6 +86,7 @@ class Config:
     compaction_max_age_ms: int
     metadata_max_txn_ops: int
     metadata_max_txn_bytes: int
+    metadata_compaction_interval_ms: int
     cache_size: int
     index_cache_size: int
     readahead_segments: int

@@ -386,6 +386,13 @@ SETTINGS: tuple[Setting, ...] = (
         _size_at_least(64 * 1024),
         "Bytes per metadata transaction (under etcd's --max-request-bytes)",
     ),
+    Setting(
+        "metadata_compaction_interval_ms",
+        "300000",
+        _int_in(0, 86_400_000),
+        "Forget etcd history older than this, every this often (0: etcd's own "
+        "--auto-compaction does it)",
+    ),
     Setting("cache_size", "1GiB", _size_at_least(0), "L1 hot segment cache size"),
     Setting("index_cache_size", "256MiB", _size_at_least(0), "L2 index cache size"),
     Setting("readahead_segments", "2", _int_in(0, 64), "Segments to prefetch on sequential reads"),

@@ -30,6 +30,7 @@ from .compactions import CompactionCommitter
 from .configs import ConfigAdmin
 from .group_service import TICK_MS, GroupService
 from .groups import GroupSettings
+from .history import HistoryCompactor
 from .partitions import PartitionCommitter
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistration, ensure_cluster_id
@@ -89,11 +90,15 @@ def run(ctx: ChildContext) -> None:
             config, store, objects, ctx.zmq_context, ctx.runtime_dir, refs=refs
         )
 
+        history = HistoryCompactor(store, config.metadata_compaction_interval_ms)
+
         def on_idle() -> None:
             registration.keep_alive()
             groups.tick()
             retention.maybe_run()
-            refs.sweep(time.monotonic_ns() // 1_000_000)
+            now_ms = time.monotonic_ns() // 1_000_000
+            refs.sweep(now_ms)
+            history.maybe_run(now_ms)
 
         try:
             serve_until(

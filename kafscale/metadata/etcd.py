@@ -345,6 +345,14 @@ class EtcdMetadataStore:
         response = self._range(etcdrpc.RangeRequest(key=b"\0", count_only=True))
         return int(response.header.revision)
 
+    def compact(self, revision: int) -> None:
+        request = etcdrpc.CompactionRequest(revision=revision, physical=False)
+        try:
+            self._call(lambda: self._client.kvstub.Compact(request, self._timeout))
+        except MetadataStoreError as exc:
+            if "required revision has been compacted" not in str(exc):
+                raise  # (compacted already, by us before a restart or by etcd's own policy)
+
     def put(self, key: str, value: bytes, lease_id: int = 0) -> int:
         request = _put_request(Put(key, value, lease_id))
         response = self._call(lambda: self._client.kvstub.Put(request, self._timeout))

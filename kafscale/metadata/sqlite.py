@@ -371,6 +371,9 @@ class SqliteMetadataStore:
         with self._errors():
             return _meta(self._conn())["revision"]
 
+    def compact(self, revision: int) -> None:
+        """Nothing to do: only the last ``history_revisions`` revisions are ever kept."""
+
     def put(self, key: str, value: bytes, lease_id: int = 0) -> int:
         with self._write() as conn:
             return _apply(conn, [Put(key, value, lease_id)])

@@ -150,6 +150,13 @@ class MetadataStore(Protocol):
         """The store's current revision."""
         ...
 
+    def compact(self, revision: int) -> None:
+        """Forget the history (old values, deleted keys, watch events) at and below
+        ``revision``; current values are kept. A revision already compacted is no error. etcd
+        keeps every revision until told (its database grows without end: ``quota-backend-bytes``
+        then refuses every write); SQLite prunes its own history and ignores this."""
+        ...
+
     def put(self, key: str, value: bytes, lease_id: int = 0) -> int:
         """Unconditional put; returns the new revision."""
         ...

@@ -292,6 +292,46 @@ def test_a_sweep_seals_sparse_partitions_reading_merged_objects_by_range(
         assert [r.value for r in committed_records(broker.env, "sparse", p)] == sent[p]
 
 
+def test_the_coordinator_compacts_the_etcd_history(start_broker: Callable[..., Any]) -> None:
+    """etcd keeps every revision until told: the coordinator compacts, every
+    KAFSCALE_METADATA_COMPACTION_INTERVAL_MS, to the revision of the round before, so that the
+    write path's commits do not grow etcd's database without end. Current values stay."""
+    from confluent_kafka import Producer
+
+    from kafscale.metadata import MetadataStoreError, RevisionCompacted
+
+    broker = start_broker(
+        env={"KAFSCALE_METADATA_COMPACTION_INTERVAL_MS": "1000"}, backends="real", ready=True
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for i in range(20):
+        producer.produce("history", b"%d" % i)
+        assert producer.flush(30) == 0
+    config = configuration.load(broker.env)
+    store = open_metadata_store(config)
+    try:
+        written = store.revision()
+
+        def compacted_past_written() -> bool:
+            errors: list[MetadataStoreError] = []
+            try:
+                watch = store.watch_prefix("~", lambda _: None, 1, on_error=errors.append)
+            except RevisionCompacted as exc:
+                return exc.compact_revision >= written
+            time.sleep(0.2)
+            watch.cancel()
+            return any(
+                isinstance(e, RevisionCompacted) and e.compact_revision >= written for e in errors
+            )
+
+        wait_for(compacted_past_written, 30, "a compaction past the produced records")
+    finally:
+        store.close()
+    assert [r.value for r in committed_records(broker.env, "history", 0)] == [
+        b"%d" % i for i in range(20)
+    ]
+
+
 def test_an_uploaded_but_uncommitted_object_is_adopted_at_boot(
     start_broker: Callable[..., Any],
 ) -> None:

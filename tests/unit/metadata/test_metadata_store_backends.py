@@ -202,3 +202,47 @@ def test_etcd_lease_outlives_an_outage_longer_than_its_ttl(etcd_server: Any) -> 
     assert kv is not None and (kv.value, kv.lease_id) == (b"held", lease.id)
     lease.revoke()
     store.close()
+
+
+def test_etcd_compact_forgets_history_below_the_revision_and_keeps_values(
+    etcd_server: Any,
+) -> None:
+    store = EtcdMetadataStore([etcd_server.endpoint])
+    prefix = f"test-{uuid.uuid4().hex[:12]}/"
+    try:
+        first = store.put(prefix + "a", b"1")
+        store.put(prefix + "a", b"2")
+        mark = store.put(prefix + "b", b"3")
+        store.compact(mark)
+        store.compact(first)  # already compacted: no error
+        store.compact(mark)
+        errors: list[MetadataStoreError] = []
+        try:
+            watch = store.watch_prefix(
+                prefix, Collector(), start_revision=first, on_error=errors.append
+            )
+        except RevisionCompacted as exc:
+            assert exc.compact_revision >= mark
+        else:  # etcd may report it just after creating the watch
+            wait_until(lambda: bool(errors), "on_error")
+            assert isinstance(errors[0], RevisionCompacted)
+            assert errors[0].compact_revision >= mark
+            watch.cancel()
+        assert store.get(prefix + "a").value == b"2"  # type: ignore[union-attr]
+        assert [kv.value for kv in store.get_prefix(prefix)] == [b"2", b"3"]
+    finally:
+        store.close()
+
+
+def test_sqlite_compact_leaves_its_own_pruning_alone(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+    try:
+        first = store.put("k", b"1")
+        store.put("k", b"2")
+        store.compact(store.revision())  # SQLite keeps its last history_revisions itself
+        events = Collector()
+        watch = store.watch_prefix("k", events, start_revision=first)
+        assert [e.value for e in events.wait_for(1)] == [b"2"]
+        watch.cancel()
+    finally:
+        store.close()
