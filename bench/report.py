@@ -243,10 +243,11 @@ def _write_path_section(run: dict[str, Any]) -> list[str]:
             "free), 30-day months; storage at $0.023 per GB-month for 7 days of 100 GB/day "
             "times the bytes stored per byte produced. A run of minutes seals few or no "
             "segments, so compaction's steady-state requests are projected (bench/cost.py "
-            "`projected_compaction`, following the planner: segments of segment.bytes, 3/4 of "
-            "it when the buffer is short, a partition's bytes in the maximum age or 16 merges' "
-            "worth, whichever is smallest; a merged object per half buffer of bytes; a ranged "
-            "GET per merged chunk at seal).",
+            "`projected_compaction`, following the planner: segments of segment.bytes, 9/10 of "
+            "it when the buffer is short, a partition's bytes in the maximum age or 64 merges' "
+            "worth, whichever is smallest; a merged object per half buffer of bytes; at seal, "
+            "one ranged GET per merged object per batch of neighbouring partitions sealed "
+            "together).",
             "",
             *tables,
         ]
