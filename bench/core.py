@@ -36,6 +36,7 @@ SCALED = (
 SECONDS_SCALED = (
     "cost_seconds",
     "java_defaults_seconds",
+    "moderate_seconds",
     "java_defaults_grace_seconds",
     "idle_seconds",
 )
@@ -67,6 +68,8 @@ class Settings:
     cost_ramp_fraction: float = 0.25  # left out of the steady window (topic, connections)
     java_defaults_rate: int = 5_000
     java_defaults_seconds: float = 60.0
+    moderate_rate: int = 200  # acks=all records/s: far under the S3 bound of Java's defaults
+    moderate_seconds: float = 30.0
     java_defaults_grace_seconds: float = 150.0  # delivery.timeout.ms (120 s) and some
     idle_rate: float = 2.0
     idle_seconds: float = 60.0

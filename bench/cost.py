@@ -95,6 +95,38 @@ def histogram_mean(text_before: str, text_after: str, name: str, labels: str) ->
     return total / count if count > 0 else None
 
 
+def histogram_quantile(
+    text_before: str, text_after: str, name: str, q: float, labels: str = ""
+) -> float | None:
+    """The ``q`` quantile of a histogram's observations between two /metrics pages, as
+    Prometheus's ``histogram_quantile`` estimates it: linear within the bucket it falls in (the
+    top finite bound when it falls in +Inf); None without observations in between."""
+    key = f"{{{labels}," if labels else "{"
+    before, after = metric_samples(text_before, name), metric_samples(text_after, name)
+    bounds: list[tuple[float, float]] = []  # (upper bound, observations at or under it)
+    for sample, value in after.items():
+        if not sample.startswith(f"{name}_bucket{key}"):
+            continue
+        found = re.search(r'le="([^"]+)"', sample)
+        if found is None:
+            continue
+        count = value - before.get(sample, 0.0)
+        bounds.append((float(found.group(1)), count))
+    bounds.sort()
+    if not bounds or bounds[-1][1] <= 0:
+        return None
+    rank = q * bounds[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in bounds:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            share = (rank - below) / (count - below) if count > below else 1.0
+            return lower + (upper - lower) * share
+        lower, below = upper, count
+    return lower
+
+
 def window(first: Sample, last: Sample, *, record_size: int) -> dict[str, float]:
     """Rates over the steady part of a run, between two samples: S3 requests per second by
     operation (`s3_<op>_per_sec`, every one of OPERATIONS even at 0, and any other operation

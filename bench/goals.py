@@ -96,6 +96,19 @@ def java_keeps_up(ours: Result, _kafka: Result | None) -> str | None:
     return _verdict(f"{rate:,.0f}/s of {offered:,.0f}, {lost:.0f} not acked, {p99_text}", met)
 
 
+def acks_all_p99(ours: Result, _kafka: Result | None) -> str | None:
+    """acks=all at moderate load: produce p99 <= flush interval + PUT p99 + 50 ms."""
+    extra, p99 = ours["extra"], ours["latency_ms"].get("p99")
+    if "put_p99_ms" not in extra or "flush_interval_ms" not in extra or p99 is None:
+        return "not measured"
+    bound = extra["flush_interval_ms"] + extra["put_p99_ms"] + 50
+    text = (
+        f"{p99:.0f} ms vs <= {extra['flush_interval_ms']:.0f} + {extra['put_p99_ms']:.0f}"
+        f" + 50 = {bound:.0f} ms"
+    )
+    return _verdict(text, p99 <= bound)
+
+
 def java_near_bound(ours: Result, _kafka: Result | None) -> str | None:
     """With S3 latency: >= 70% of min(offered, 5 x 16 KiB per Produce round trip), none
     expired."""
@@ -161,6 +174,12 @@ GOALS: list[tuple[str, str, str, Check]] = [
         "java-defaults-p1",
         "kafka-tools",
         java_near_bound,
+    ),
+    (
+        "acks=all at moderate load (200 rec/s): produce p99 <= flush interval + PUT p99 + 50 ms",
+        "acksall-moderate-p1",
+        "kafka-tools",
+        acks_all_p99,
     ),
     (
         "acks=all + idempotence throughput >= 0.8x Kafka (embedded), 0.5x (S3)",

@@ -15,6 +15,9 @@ with the others and bench/goals.py turns their figures into the goals' verdicts.
   (delivery.timeout.ms, 120 s), so the tool is stopped after the offered time plus 150 s and its
   progress lines and failures are the result. With the broker's mean Produce request time (from
   its metrics) the physical bound: 5 requests of one 16 KiB batch per round trip.
+- `acksall-moderate-p1`: the same defaults offered 200 records/s (far under that bound) for 30
+  s: the produce p99 against the flush interval + the broker's PUT p99 (its histogram, as
+  Prometheus's histogram_quantile estimates it) + 50 ms.
 - `produce-acksall-idem-p6`: ProducerPerformance acks=all with idempotence, 256 KiB batches, 6
   partitions: MB/s against Kafka's.
 - `e2e-idle-cpu`: a consumer polling with fetch.max.wait.ms=0 on an otherwise idle topic, the
@@ -251,6 +254,47 @@ def java_defaults(bench: Bench) -> None:
     )
 
 
+PUT_SECONDS = "kafscale_s3_put_duration_seconds"
+
+
+def acks_all_moderate(bench: Bench) -> None:
+    """Java's defaults (acks=all, idempotence) offered ``moderate_rate`` records/s on one
+    partition, far under what their 5 requests in flight carry even at S3's latency: the
+    produce p99 (ProducerPerformance's send-to-ack) against the flush interval + the PUT p99
+    (the broker's PUT histogram over the run) + 50 ms."""
+    s = bench.settings
+    topic = bench.topic(1)
+    offered = max(1, int(s.moderate_rate * s.moderate_seconds))
+    argv = bench.tools.producer_performance_argv(
+        bench.target.bootstrap,
+        topic,
+        num_records=offered,
+        record_size=s.record_size,
+        throughput=s.moderate_rate,
+        producer_props=JAVA_DEFAULTS,
+    )
+
+    def run() -> py.Run:
+        before = bench.target.metrics_text()
+        output = run_tool_bounded(argv, s.moderate_seconds + s.java_defaults_grace_seconds)
+        if output.stopped:
+            raise PerfToolError(f"ProducerPerformance did not finish:\n{output.stderr[-4000:]}")
+        report = parse_producer_performance(output.stdout).total
+        size = report.records * s.record_size
+        result = py.Run(report.records, size, report.records / report.records_per_sec)
+        result.reported_latency_ms = py.latency_summary(
+            report.avg_latency_ms, report.p50_ms, report.p99_ms, report.p999_ms
+        )
+        config = bench.target.config()
+        put_p99 = cost.histogram_quantile(before, bench.target.metrics_text(), PUT_SECONDS, 0.99)
+        if config is not None and put_p99 is not None:
+            result.extra["flush_interval_ms"] = float(config.flush_interval)
+            result.extra["put_p99_ms"] = put_p99 * 1000
+        return result
+
+    bench.measured("kafka-tools", run, settle=True)
+
+
 def produce_idempotent(bench: Bench) -> None:
     s = bench.settings
     topic = bench.topic(6)
@@ -315,6 +359,10 @@ SCENARIOS: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "java-defaults-p1": (
         "the Java producer on every Kafka 4 default offered 5,000 records/s, 1 partition",
         java_defaults,
+    ),
+    "acksall-moderate-p1": (
+        "the Java producer on every Kafka 4 default offered 200 records/s, 1 partition",
+        acks_all_moderate,
     ),
     "produce-acksall-idem-p6": (
         "produce, acks=all, idempotent, 256 KiB batches, 6 partitions",

@@ -452,3 +452,43 @@ def test_java_defaults_and_ratio_goals() -> None:
     per_second_row = "120 x its latency) | e2e-idle-cpu, kafka-tools | 5.00x **missed** |"
     assert per_second_row in text
     assert "e2e-latency" not in text  # only the goals whose scenario ran
+
+
+def _histogram(name: str, counts: dict[str, int]) -> str:
+    """A /metrics page with one histogram: cumulative bucket counts by upper bound."""
+    lines = [f'{name}_bucket{{le="{le}"}} {count}' for le, count in counts.items()]
+    total = max(counts.values())
+    return "\n".join([*lines, f"{name}_count {total}", f"{name}_sum 1.0"])
+
+
+def test_histogram_quantile_interpolates_in_its_bucket_over_the_run() -> None:
+    name = "kafscale_s3_put_duration_seconds"
+    before = _histogram(name, {"0.05": 10, "0.1": 10, "0.25": 10, "+Inf": 10})
+    # 100 new PUTs: 50 under 50 ms, 40 in (50, 100], 10 in (100, 250]
+    after = _histogram(name, {"0.05": 60, "0.1": 100, "0.25": 110, "+Inf": 110})
+    assert cost.histogram_quantile(before, after, name, 0.5) == pytest.approx(0.05)
+    assert cost.histogram_quantile(before, after, name, 0.7) == pytest.approx(0.05 + 0.05 * 0.5)
+    assert cost.histogram_quantile(before, after, name, 0.99) == pytest.approx(0.1 + 0.15 * 0.9)
+    assert cost.histogram_quantile(before, before, name, 0.99) is None  # nothing in between
+    over = _histogram(name, {"0.05": 0, "0.1": 0, "0.25": 0, "+Inf": 5})
+    assert cost.histogram_quantile("", over, name, 0.99) == pytest.approx(0.25)  # top bound
+    assert cost.histogram_quantile("", "", name, 0.99) is None
+
+
+def test_acks_all_p99_goal_is_the_flush_interval_plus_the_put_p99_plus_50_ms() -> None:
+    moderate = {"scenario": "acksall-moderate-p1", "client": "kafka-tools"}
+    s3 = _result(
+        "kafscale-s3",
+        **moderate,
+        latency_ms={"p99": 180.0},
+        extra={"flush_interval_ms": 250.0, "put_p99_ms": 120.0},
+    )
+    embedded = _result(
+        "kafscale",
+        **moderate,
+        latency_ms={"p99": 180.0},
+        extra={"flush_interval_ms": 50.0, "put_p99_ms": 40.0},
+    )
+    [line] = [line for line in goals.write_path_goals(_run_of(embedded, s3)) if "moderate" in line]
+    assert "180 ms vs <= 50 + 40 + 50 = 140 ms **missed**" in line
+    assert "180 ms vs <= 250 + 120 + 50 = 420 ms met" in line
