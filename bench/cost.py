@@ -47,6 +47,9 @@ class Sample:
     s3_requests: Mapping[str, int]  # kafscale_s3_requests_total by operation
     compaction: Mapping[str, float]  # kafscale_compact* samples (see `compaction_samples`)
     stored_bytes: int | None  # bytes in the object store (None: not an object store)
+    # Bytes of committed write-ahead chunks (kafscale_flush_bytes_total): what compaction turns
+    # into segments, compressed as the segments will hold it (None: not exported)
+    chunk_bytes: float | None = None
 
 
 def metric_samples(text: str, prefix: str) -> dict[str, float]:
@@ -131,7 +134,8 @@ def window(first: Sample, last: Sample, *, record_size: int) -> dict[str, float]
     """Rates over the steady part of a run, between two samples: S3 requests per second by
     operation (`s3_<op>_per_sec`, every one of OPERATIONS even at 0, and any other operation
     seen), the produced MB/s, compaction segments per second (only when the broker counts
-    them) and the bytes stored per byte produced (only for an object store)."""
+    them), the bytes stored per byte produced (only for an object store) and the MB/s of
+    committed write-ahead chunks (`chunk_mb_per_sec`, only when the broker counts them)."""
     seconds = last.seconds - first.seconds
     if seconds <= 0:
         raise ValueError("the second sample must be later than the first")
@@ -147,6 +151,8 @@ def window(first: Sample, last: Sample, *, record_size: int) -> dict[str, float]
         out["compaction_segments_per_sec"] = segments / seconds
     if first.stored_bytes is not None and last.stored_bytes is not None and produced:
         out["stored_ratio"] = (last.stored_bytes - first.stored_bytes) / produced
+    if first.chunk_bytes is not None and last.chunk_bytes is not None:
+        out["chunk_mb_per_sec"] = (last.chunk_bytes - first.chunk_bytes) / (1 << 20) / seconds
     return out
 
 

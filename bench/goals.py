@@ -288,6 +288,7 @@ COST_ROWS: list[tuple[str, Callable[[dict[str, float]], float | None], str]] = [
         "${:.2f}",
     ),
     ("bytes stored per byte produced", lambda e: e.get("stored_ratio"), "{:.2f}"),
+    ("committed chunks MB/s (compaction's input)", lambda e: e.get("chunk_mb_per_sec"), "{:.2f}"),
     (
         "storage $/month (7 days kept)",
         lambda e: (

@@ -56,6 +56,7 @@ JAVA_DEFAULTS = {
 }
 PRODUCE_REQUEST_SECONDS = "kafscale_request_duration_seconds"
 PRODUCED_RECORDS = "kafscale_produced_records_total"
+CHUNK_BYTES = "kafscale_flush_bytes_total"  # committed write-ahead chunks: compaction's input
 # One record per partition in turn: an even load over every partition, as the cost appendix's
 # workload assumes (the default partitioner sticks to one partition per batch).
 ROUND_ROBIN = "org.apache.kafka.clients.producer.RoundRobinPartitioner"
@@ -73,16 +74,22 @@ def _sample(target: Target) -> cost.Sample:
         s3_requests=dict(target.s3_requests()),
         compaction=cost.compaction_samples(metrics),
         stored_bytes=target.stored_bytes(),
+        chunk_bytes=cost.metric_samples(metrics, CHUNK_BYTES).get(CHUNK_BYTES),
     )
 
 
 def broker_figures(target: Target, figures: dict[str, float], partitions: int) -> dict[str, float]:
     """The KafScale settings the cost bounds depend on, and compaction's projected PUTs/s at
-    the bytes stored per second this run measured (nothing for Kafka)."""
+    the bytes of committed chunks per second this run measured (what segments are built of,
+    compressed as they will hold it; else the produced bytes times those stored per byte
+    produced, which counts write-ahead objects the GC has not deleted yet). Nothing for Kafka."""
     config = target.config()
     if config is None:
         return {}
-    stored_rate = figures["steady_mb_per_sec"] * (1 << 20) * figures.get("stored_ratio", 1.0)
+    if "chunk_mb_per_sec" in figures:
+        stored_rate = figures["chunk_mb_per_sec"] * (1 << 20)
+    else:
+        stored_rate = figures["steady_mb_per_sec"] * (1 << 20) * figures.get("stored_ratio", 1.0)
     projected = cost.projected_compaction(
         stored_bytes_per_sec=stored_rate,
         partitions=partitions,

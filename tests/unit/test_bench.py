@@ -4,6 +4,7 @@ test suite (tests never assert on speed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -254,6 +255,13 @@ def test_window_rates_over_the_steady_part() -> None:
     )
     with pytest.raises(ValueError):
         cost.window(last, first, record_size=1024)
+    assert "chunk_mb_per_sec" not in figures  # the broker did not count its chunks' bytes
+    counted = cost.window(
+        dataclasses.replace(first, chunk_bytes=1e6),
+        dataclasses.replace(last, chunk_bytes=1e6 + 15 * (1 << 20)),
+        record_size=1024,
+    )
+    assert counted["chunk_mb_per_sec"] == pytest.approx(0.75)
 
 
 def test_projected_compaction_follows_the_planner() -> None:
