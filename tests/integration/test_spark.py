@@ -403,6 +403,11 @@ def test_spark_reads_chunks_and_segments_alike(spark: Any, start_broker: Any) ->
     def send(bootstrap: str, numbers: range) -> None:
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20})
         for i in numbers:
+            if i % 30 == 0:
+                # ~2.5 KiB a partition per flush: chunks well under segment.bytes (8 KiB), so
+                # a partition's last run stays open (a chunk bigger than segment.bytes is a
+                # full run of its own: on a busy machine one cycle could take a whole half)
+                assert producer.flush(60) == 0
             item = record(i)
             producer.produce(
                 TOPIC,
