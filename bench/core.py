@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from bench import python_driver as py
 from bench.kafka_perf import (
     KafkaPerfTools,
+    ProducerStats,
     parse_consumer_performance,
     parse_end_to_end_latency,
     parse_producer_performance,
@@ -183,13 +184,7 @@ class Bench:
             producer_props={**self.settings.producer_config(acks), **(extra_props or {})},
         )
         report = parse_producer_performance(run_tool(argv, timeout=900)).total
-        # The tool's own rate excludes its JVM start; keep it, and its whole-ms percentiles.
-        size = report.records * self.settings.record_size
-        run = py.Run(report.records, size, size / (1 << 20) / report.mb_per_sec)
-        run.reported_latency_ms = py.latency_summary(
-            report.avg_latency_ms, report.p50_ms, report.p99_ms, report.p999_ms
-        )
-        return run
+        return producer_run(report, self.settings.record_size)
 
     def consumer_performance(self, topic: str, records: int) -> py.Run:
         argv = self.tools.consumer_performance_argv(
@@ -213,6 +208,17 @@ class Bench:
             report.avg_ms, report.p50_ms, report.p99_ms, report.p999_ms
         )
         return run
+
+
+def producer_run(report: ProducerStats, record_size: int) -> py.Run:
+    """ProducerPerformance's summary line as a run: the tool's own rate (it excludes its JVM
+    start) and its whole-millisecond percentiles."""
+    size = report.records * record_size
+    run = py.Run(report.records, size, size / (1 << 20) / report.mb_per_sec)
+    run.reported_latency_ms = py.latency_summary(
+        report.avg_latency_ms, report.p50_ms, report.p99_ms, report.p999_ms
+    )
+    return run
 
 
 def summary(m: Measurement) -> str:

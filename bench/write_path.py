@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from bench import cost
 from bench import python_driver as py
-from bench.core import Bench
+from bench.core import Bench, producer_run
 from bench.kafka_perf import (
     PerfToolError,
     ToolOutput,
@@ -154,12 +154,7 @@ def cost_workload(partitions: int) -> Callable[[Bench], None]:
                 stdout, stderr = out.read().decode(), err.read().decode()
             if code != 0:
                 raise PerfToolError(f"ProducerPerformance exited {code}: {stderr[-4000:]}")
-            report = parse_producer_performance(stdout).total
-            size = report.records * s.record_size
-            result = py.Run(report.records, size, size / (1 << 20) / report.mb_per_sec)
-            result.reported_latency_ms = py.latency_summary(
-                report.avg_latency_ms, report.p50_ms, report.p99_ms, report.p999_ms
-            )
+            result = producer_run(parse_producer_performance(stdout).total, s.record_size)
             result.extra["partitions"] = float(partitions)
             if first is not None and last is not None:
                 result.extra.update(cost.window(first, last, record_size=s.record_size))
@@ -217,18 +212,25 @@ def java_defaults_run(output: ToolOutput, *, offered: int, record_size: int, wal
     return run
 
 
-def java_defaults(bench: Bench) -> None:
+def _java_defaults_argv(bench: Bench, rate: int, seconds: float) -> tuple[int, list[str]]:
+    """ProducerPerformance with every Kafka 4 producer default, offered ``rate`` records/s
+    for ``seconds`` on a new topic of one partition: the records offered, and its command."""
     s = bench.settings
-    topic = bench.topic(1)
-    offered = max(1, int(s.java_defaults_rate * s.java_defaults_seconds))
+    offered = max(1, int(rate * seconds))
     argv = bench.tools.producer_performance_argv(
         bench.target.bootstrap,
-        topic,
+        bench.topic(1),
         num_records=offered,
         record_size=s.record_size,
-        throughput=s.java_defaults_rate,
+        throughput=rate,
         producer_props=JAVA_DEFAULTS,
     )
+    return offered, argv
+
+
+def java_defaults(bench: Bench) -> None:
+    s = bench.settings
+    offered, argv = _java_defaults_argv(bench, s.java_defaults_rate, s.java_defaults_seconds)
 
     def run() -> py.Run:
         before = bench.target.metrics_text()
@@ -270,28 +272,14 @@ def acks_all_moderate(bench: Bench) -> None:
     produce p99 (ProducerPerformance's send-to-ack) against the flush interval + the PUT p99
     (the broker's PUT histogram over the run) + 50 ms."""
     s = bench.settings
-    topic = bench.topic(1)
-    offered = max(1, int(s.moderate_rate * s.moderate_seconds))
-    argv = bench.tools.producer_performance_argv(
-        bench.target.bootstrap,
-        topic,
-        num_records=offered,
-        record_size=s.record_size,
-        throughput=s.moderate_rate,
-        producer_props=JAVA_DEFAULTS,
-    )
+    _, argv = _java_defaults_argv(bench, s.moderate_rate, s.moderate_seconds)
 
     def run() -> py.Run:
         before = bench.target.metrics_text()
         output = run_tool_bounded(argv, s.moderate_seconds + s.java_defaults_grace_seconds)
         if output.stopped:
             raise PerfToolError(f"ProducerPerformance did not finish:\n{output.stderr[-4000:]}")
-        report = parse_producer_performance(output.stdout).total
-        size = report.records * s.record_size
-        result = py.Run(report.records, size, report.records / report.records_per_sec)
-        result.reported_latency_ms = py.latency_summary(
-            report.avg_latency_ms, report.p50_ms, report.p99_ms, report.p999_ms
-        )
+        result = producer_run(parse_producer_performance(output.stdout).total, s.record_size)
         config = bench.target.config()
         put_p99 = cost.histogram_quantile(before, bench.target.metrics_text(), PUT_SECONDS, 0.99)
         if config is not None and put_p99 is not None:

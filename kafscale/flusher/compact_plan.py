@@ -250,19 +250,16 @@ def _batch(seals: list[Seal], partitions: Sequence[PartitionState], limits: Limi
     """The seals of one plan: memory seals first (as planned), then the others in key order
     (neighbours in the merged objects), at most ``SEAL_BATCH``, reading at most
     ``seal_read_bytes`` of merged chunks (at least one seal)."""
-    merged = {
-        (state.key, chunk.record.base_offset)
-        for state in partitions
-        for chunk in state.chunks
-        if chunk.merged
-    }
+    states = {state.key: state for state in partitions}
     ordered = [seal for seal in seals if seal.reason == "memory"]
     ordered += sorted((seal for seal in seals if seal.reason != "memory"), key=lambda s: s.key)
     bound = limits.seal_read_bytes
     out: list[Seal] = []
     read = 0
     for seal in ordered[:SEAL_BATCH]:
-        size = sum(c.size for c in seal.chunks if (seal.key, c.base_offset) in merged)
+        # a seal takes a run from the partition's oldest chunk: a prefix of its chunks
+        taken = states[seal.key].chunks[: len(seal.chunks)]
+        size = sum(chunk.size for chunk in taken if chunk.merged)
         if out and bound is not None and read + size > bound:
             break
         out.append(seal)
