@@ -8,6 +8,9 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
     /kafscale/{ns}/owner                 the store lock: which broker writes this namespace
                                          (kafscale.supervisor.ownership), on its lease
     /kafscale/{ns}/brokers/{node_id}     BrokerRecord, put-if-absent on the broker's lease
+    /kafscale/{ns}/leaders/{topic}/{p}   LeaderRecord: the partition's owner, on its lease
+                                         (docs/design/scale-out.md)
+    /kafscale/{ns}/chores                LeaderRecord of the broker running cluster-wide chores
     /kafscale/{ns}/topics/{name}         TopicRecord
     /kafscale/{ns}/deleting/{name}       TopicRecord of a deleted topic whose objects are being
                                          removed; the name cannot be re-created until it is gone
@@ -39,6 +42,8 @@ class BrokerRecord(msgspec.Struct, frozen=True):
     # The `kafscale serve` run that registered it: a respawned coordinator of that run may
     # replace it, a broker of any other run may not (two brokers never share a node id).
     run_id: str = ""
+    # Handing its partitions over before it stops (SIGTERM): no partition is assigned to it.
+    draining: bool = False
 
 
 WRITE_PATH_WAL = 2  # TopicRecord.write_path of a topic created with write-ahead objects
@@ -75,6 +80,20 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     # record's mod_revision), so only the owner at that epoch can move the high watermark.
     owner: int = -1
     leader_epoch: int = 0
+    # The leader epoch history, (epoch, first offset written at it): ``kafscale.metadata.epochs``.
+    epochs: list[tuple[int, int]] = msgspec.field(default_factory=list)
+
+
+class LeaderRecord(msgspec.Struct, frozen=True):
+    """Who owns a partition now (``leaders/{topic}/{p}``, put on the owner's broker lease, so it
+    goes when the lease does) and at which leader epoch. Every metadata write on behalf of the
+    partition compares this key's exact value: only its owner at that epoch, with that lease,
+    can commit."""
+
+    owner: int
+    epoch: int
+    lease: int
+    run_id: str
 
 
 class SegmentRecord(msgspec.Struct, frozen=True):
@@ -153,12 +172,24 @@ class Keys:
         self.brokers = self.root + "brokers/"
         self.topics = self.root + "topics/"
         self.deleting = self.root + "deleting/"
+        self.leaders = self.root + "leaders/"
+        self.chores = self.root + "chores"
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
 
     def topic(self, name: str) -> str:
         return self.topics + name
+
+    def leader(self, topic: str, partition: int) -> str:
+        return f"{self.leaders}{topic}/{partition}"
+
+    def parse_leader(self, key: str) -> tuple[str, int] | None:
+        """(topic, partition) of a leader key, or None."""
+        topic, _, partition = key[len(self.leaders) :].rpartition("/")
+        if not key.startswith(self.leaders) or not topic or not partition.isdigit():
+            return None
+        return topic, int(partition)
 
     def deleting_topic(self, name: str) -> str:
         return self.deleting + name
@@ -226,6 +257,10 @@ encode = msgspec.json.encode
 
 def decode_broker(data: bytes) -> BrokerRecord:
     return msgspec.json.decode(data, type=BrokerRecord)
+
+
+def decode_leader(data: bytes) -> LeaderRecord:
+    return msgspec.json.decode(data, type=LeaderRecord)
 
 
 def decode_topic(data: bytes) -> TopicRecord:
