@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import msgspec
 
 from kafscale.metadata import records
-from kafscale.metadata.records import BrokerRecord, Keys, TopicRecord
+from kafscale.metadata.records import BrokerRecord, Keys, LeaderRecord, TopicRecord
 from kafscale.metadata.store import (
     EventType,
     MetadataStore,
@@ -35,6 +35,8 @@ class Snapshot:
     cluster_id: str | None = None
     brokers: dict[int, BrokerRecord] = field(default_factory=dict)
     topics: dict[str, TopicRecord] = field(default_factory=dict)
+    # Each owned partition's owner and leader epoch (``leaders/``; absent: offline).
+    leaders: dict[tuple[str, int], LeaderRecord] = field(default_factory=dict)
 
     @functools.cached_property
     def topics_by_id(self) -> dict[str, TopicRecord]:
@@ -128,6 +130,16 @@ class MetadataView:
                 else:
                     brokers.pop(node_id, None)
                 return replace(snapshot, revision=revision, brokers=brokers)
+            if key.startswith(keys.leaders):
+                partition = keys.parse_leader(key)
+                if partition is None:
+                    raise ValueError("not a leader key")
+                leaders = dict(snapshot.leaders)
+                if kind is EventType.PUT:
+                    leaders[partition] = records.decode_leader(value)
+                else:
+                    leaders.pop(partition, None)
+                return replace(snapshot, revision=revision, leaders=leaders)
             if key.startswith(keys.topics):
                 topics = dict(snapshot.topics)
                 name = key[len(keys.topics) :]

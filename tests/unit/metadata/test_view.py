@@ -2,7 +2,7 @@ import threading
 from pathlib import Path
 
 from kafscale.metadata import records
-from kafscale.metadata.records import BrokerRecord, Keys, TopicRecord
+from kafscale.metadata.records import BrokerRecord, Keys, LeaderRecord, TopicRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore
 from kafscale.metadata.view import MetadataView, Snapshot
 
@@ -51,6 +51,33 @@ def test_view_loads_then_follows_the_store(tmp_path: Path) -> None:
             pass
         assert "broken" not in view.snapshot.topics  # skipped, not fatal
         assert view.snapshot.revision == writer.revision()
+    finally:
+        view.stop()
+        writer.close()
+        reader.close()
+
+
+def test_view_follows_partition_leaders(tmp_path: Path) -> None:
+    path = str(tmp_path / "metadata.sqlite")
+    writer, reader = SqliteMetadataStore(path), SqliteMetadataStore(path)
+    keys = Keys("ns")
+    first = LeaderRecord(owner=1, epoch=0, lease=7, run_id="r1")
+    writer.put(keys.leader("orders", 0), records.encode(first))
+    view = MetadataView(reader, "ns")
+    changed = threading.Event()
+    view.on_change(lambda _: changed.set())
+    view.start()
+    try:
+        assert view.snapshot.leaders == {("orders", 0): first}
+        changed.clear()
+        second = LeaderRecord(owner=2, epoch=1, lease=8, run_id="r2")
+        writer.delete(keys.leader("orders", 0))
+        writer.put(keys.leader("orders", 0), records.encode(second))
+        writer.put(keys.leaders + "orders/notanumber", b"{}")  # skipped, not fatal
+        writer.put(keys.leader("orders", 1), records.encode(first))
+        while ("orders", 1) not in wait_for_snapshot(view, changed).leaders:
+            pass
+        assert view.snapshot.leaders == {("orders", 0): second, ("orders", 1): first}
     finally:
         view.stop()
         writer.close()
