@@ -266,6 +266,8 @@ class EntryCache:
             return True
         expected = key[2]  # the next offset a part must begin at or before
         for chunk in sorted(held, key=lambda c: c.first_offset):
+            if expected > last_offset:
+                break  # covered; parts beyond the entry's end do not matter
             if chunk.first_offset > expected:
                 return False
             expected = max(expected, chunk.last_offset + 1)

@@ -25,7 +25,7 @@ import time
 from kafscale.config import Config
 from kafscale.ipc.rpc import RpcClient
 from kafscale.ipc.shm import BufferOwner, PartitionBuffer, segment_name
-from kafscale.metadata import records
+from kafscale.metadata import epochs, records
 from kafscale.metadata.records import WRITE_PATH_WAL, Keys, PartitionRecord
 from kafscale.metadata.store import MetadataStore
 from kafscale.shards.adoption import Committed
@@ -79,7 +79,10 @@ class PartitionLoader:
                 topic_created_ms=topic_created_ms,
             )
         owner = BufferOwner(topic, topic_id, index, topic_created_ms)
-        return self._open(owner, state.log_start_offset, high_watermark, producers)
+        partition = self._open(owner, state.log_start_offset, high_watermark, producers)
+        partition.leader_epoch = state.leader_epoch
+        partition.epochs = epochs.history(state.epochs, state.leader_epoch, state.log_start_offset)
+        return partition
 
     def _may_hold_uncommitted_segments(
         self, topic: str, topic_id: str, state: PartitionRecord

@@ -39,7 +39,7 @@ from kafscale.shards.segments import CommittedSegments
 
 log = logging.getLogger(__name__)
 
-LEADER_EPOCH = 0  # one leader epoch until partitions move between brokers
+LEADER_EPOCH = 0  # the frontend's until it reads epochs from leader keys (issue 16)
 
 
 class StaleTopic(Exception):
@@ -117,8 +117,14 @@ class PartitionLog:
         segments: CommittedSegments | None = None,
         log_start_offset: int = 0,
         topic_created_ms: int = 0,
+        leader_epoch: int = 0,
+        epochs: list[tuple[int, int]] | None = None,
     ) -> None:
         self.topic, self.topic_id, self.partition = topic, topic_id, partition
+        # The epoch this shard appends at (stamped into every batch) and the partition's
+        # leader epoch history (``kafscale.metadata.epochs``) as of the load.
+        self.leader_epoch = leader_epoch
+        self.epochs = epochs if epochs is not None else [(leader_epoch, log_start_offset)]
         self.high_watermark = high_watermark
         self.next_offset = high_watermark
         self.producers = producers
@@ -157,7 +163,7 @@ class PartitionLog:
         data = bytearray(batch)
         base_offset = self.next_offset
         records.patch_base_offset(data, 0, base_offset)
-        records.patch_leader_epoch(data, 0, LEADER_EPOCH)
+        records.patch_leader_epoch(data, 0, self.leader_epoch)
         timestamp = -1
         max_timestamp = header.max_timestamp
         if log_append_time:
