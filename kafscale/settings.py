@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,29 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+AUTO_BROKER_ID = -1  # KAFSCALE_BROKER_ID=auto: the supervisor takes the lowest free id
+
+
+def parse_broker_id(text: str, hostname: str | None = None) -> int:
+    """A node id; ``ordinal``: the number after the last ``-`` of the host name (a StatefulSet
+    pod ``kafscale-2`` is broker 2); ``auto``: ``AUTO_BROKER_ID``."""
+    word = text.strip().lower()
+    if word == "auto":
+        return AUTO_BROKER_ID
+    if word == "ordinal":
+        host = hostname if hostname is not None else socket.gethostname()
+        _, _, ordinal = host.split(".")[0].rpartition("-")
+        if not ordinal.isdigit():
+            raise ValueError(
+                f"ordinal: the host name {host!r} does not end in -<number> (a StatefulSet pod's)"
+            )
+        text = ordinal
+    try:
+        return _int_in(0, 2**31 - 1)(text)
+    except ValueError as exc:
+        raise ValueError(f"expected a node id, ordinal or auto: {exc}") from None
 
 
 def _auto_or(parse: Callable[[str], int]) -> Callable[[str], int]:
@@ -270,7 +294,13 @@ SETTINGS: tuple[Setting, ...] = (
         "empty = POST /flush disabled",
         secret=True,
     ),
-    Setting("broker_id", "0", _int_in(0, 2**31 - 1), "This broker's node id"),
+    Setting(
+        "broker_id",
+        "0",
+        parse_broker_id,
+        "This broker's node id: a number, ordinal (from a StatefulSet pod's host name "
+        "kafscale-N) or auto (the lowest id no running broker holds)",
+    ),
     Setting(
         "store_lock_ttl_ms",
         "10000",

@@ -128,6 +128,7 @@ class TopicAdmin:
                 continue
             self._delete_keys(self.keys.topic_partitions(record.name))
             self._delete_keys(self.keys.topic_segments(record.name), segments=True)
+            self._delete_keys(self.keys.topic_leaders(record.name))  # before the name is free
             self.store.transaction(
                 [Compare(kv.key, mod_revision=kv.mod_revision)], [Delete(kv.key)]
             )

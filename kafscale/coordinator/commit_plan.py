@@ -10,14 +10,18 @@ Rules, per partition (its chunks taken in base offset order):
 - the topic must exist with the chunk's topic id, and so must a partition record if there is
   one (else the topic is gone); the partition must be one of the topic's;
 - a chunk that ends below the committed high watermark was committed by an earlier attempt;
-- a partition record owned by another broker (``owner >= 0``), or at a later leader epoch than
-  the commit's, refuses the rest ("fenced");
+- a partition this broker does not own (``CommitState.leaders`` has no leader record for it),
+  whose record names another owner or epoch, or whose chunk was appended at another leader
+  epoch, refuses the rest ("fenced"); every transaction compares each partition's leader key to
+  our leader record, so a claim by anyone else in between fails it
+  (docs/design/scale-out.md);
 - the rest must follow on from the high watermark, contiguously; the first that does not is
   refused, with every chunk after it.
 
 Transactions are filled in (topic, partition) order. A partition is never split: its
 ``Compare(partition record)``, ``Put(partition record)`` and one ``Put(chunk record)`` per chunk
-go in one transaction, with one ``Compare(topic record)`` per topic the transaction touches; the
+go in one transaction with the partition's leader-key fence, with one ``Compare(topic record)``
+per topic the transaction touches; the
 first transaction also puts the ``WalRecord``. A transaction closes before ``max(compares,
 puts)`` would pass ``max_ops`` or its encoded size ``max_bytes``; a partition too big for any
 transaction is put alone (``CommitPlan.oversized`` names it).
@@ -30,9 +34,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
 
-from kafscale.ipc.write_path import CommitCompaction, CommitObject, ObjectChunk
+import msgspec
+
+from kafscale.coordinator import leadership
+from kafscale.ipc.write_path import ANY_EPOCH, CommitCompaction, CommitObject, ObjectChunk
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord
+from kafscale.metadata.records import (
+    Keys,
+    LeaderRecord,
+    PartitionRecord,
+    SegmentRecord,
+    TopicRecord,
+)
 from kafscale.metadata.store import Compare, Put
 from kafscale.storage import wal
 
@@ -56,6 +69,8 @@ class CommitState:
 
     topics: Mapping[str, Stored[TopicRecord] | None]
     partitions: Mapping[PartitionId, Stored[PartitionRecord] | None]
+    # This broker's leader record of each partition it owns; any other partition is fenced.
+    leaders: Mapping[PartitionId, LeaderRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +169,7 @@ class _Partition:
     pid: PartitionId
     verdicts: dict[int, Verdict]
     updated: PartitionRecord | None = None
+    leader: LeaderRecord | None = None
     committing: list[tuple[int, ObjectChunk]] = field(default_factory=list)
 
 
@@ -176,7 +192,8 @@ def _judge(
     assert topic is not None
     record = current or PartitionRecord(topic_id=topic.record.topic_id)
     high_watermark = record.high_watermark
-    refusal = _fenced(request, record)
+    judged.leader = state.leaders.get(pid)
+    refusal = _fenced(pid, record, judged.leader)
     if not 0 <= first.partition < topic.record.partitions:
         refusal = f"topic {first.topic} has no partition {first.partition}"
     next_offset = high_watermark
@@ -184,7 +201,10 @@ def _judge(
         entry = chunk.chunk
         if entry.last_offset < high_watermark:
             judged.verdicts[index] = Verdict(Outcome.COMMITTED, high_watermark)
-        elif refusal is None and entry.base_offset == next_offset:
+            continue
+        if refusal is None and judged.leader is not None:
+            refusal = _other_epoch(chunk, judged.leader)
+        if refusal is None and entry.base_offset == next_offset:
             judged.committing.append((index, chunk))
             next_offset = entry.last_offset + 1
         else:
@@ -194,13 +214,11 @@ def _judge(
             )
             judged.verdicts[index] = Verdict(Outcome.REFUSED, high_watermark, refusal)
     if judged.committing:
-        judged.updated = PartitionRecord(
-            topic_id=record.topic_id,
+        judged.updated = msgspec.structs.replace(
+            record,
             high_watermark=next_offset,
-            log_start_offset=record.log_start_offset,
             producers=judged.committing[-1][1].producers,
-            owner=request.owner,
-            leader_epoch=request.leader_epoch,
+            wal_committed=True,
         )
         for index, _ in judged.committing:
             judged.verdicts[index] = Verdict(Outcome.COMMIT, next_offset)
@@ -217,15 +235,25 @@ def _gone_reason(
     return None
 
 
-def _fenced(request: CommitObject, record: PartitionRecord) -> str | None:
-    if (record.owner >= 0 and record.owner != request.owner) or (
-        record.leader_epoch > request.leader_epoch
-    ):
+def _fenced(pid: PartitionId, record: PartitionRecord, leader: LeaderRecord | None) -> str | None:
+    """Why this broker cannot commit to the partition at all, or None."""
+    if leader is None:
+        return f"fenced: this broker does not own {pid[0]}/{pid[1]}"
+    if (record.owner, record.leader_epoch) != (leader.owner, leader.epoch):
         return (
             f"fenced: the partition is owned by broker {record.owner} at leader epoch"
-            f" {record.leader_epoch}, not broker {request.owner} at {request.leader_epoch}"
+            f" {record.leader_epoch}, not broker {leader.owner} at {leader.epoch}"
         )
     return None
+
+
+def _other_epoch(chunk: ObjectChunk, leader: LeaderRecord) -> str | None:
+    if chunk.leader_epoch in (leader.epoch, ANY_EPOCH):
+        return None
+    return (
+        f"fenced: appended at leader epoch {chunk.leader_epoch}, the partition is at"
+        f" {leader.epoch} now"
+    )
 
 
 def _pack(
@@ -281,6 +309,8 @@ def _operations(
     stored = state.partitions.get(partition.pid)
     partition_key = keys.partition(topic, number)
     compares.append(Compare(partition_key, mod_revision=stored.mod_revision if stored else 0))
+    assert partition.leader is not None  # a committing partition is ours
+    compares.append(leadership.fence(keys, topic, number, partition.leader))
     assert partition.updated is not None
     puts = [Put(partition_key, records.encode(partition.updated))]
     puts += [

@@ -2,8 +2,9 @@
 a spec segment (``CommitCompaction``) or a chunk of a merged write-ahead object (``CommitMerge``,
 many partitions at once; docs/design/write-path.md, sections 6 and 11).
 
-A run's replacement compares the topic record (not deleted or re-created) and the first chunk's
-record (exactly as read), puts the new record over the first chunk's key and deletes the other
+A run's replacement compares the topic record (not deleted or re-created), the first chunk's
+record (exactly as read) and the partition's leader key (only its owner, at its epoch, compacts
+it: docs/design/scale-out.md), puts the new record over the first chunk's key and deletes the other
 chunks' keys with one ``DeleteRange``. Keys are zero-padded base offsets, so ``[segment(first_base
 + 1), segment(last_offset + 1))`` holds exactly the entries after the first that the run covers.
 The entries read now must be chunks covering ``first_base..last_offset`` exactly
@@ -44,7 +45,9 @@ from kafscale.metadata.store import (
 )
 from kafscale.storage import wal
 
+from . import leadership
 from .commit_plan import OP_OVERHEAD, Limits, compaction_refusal
+from .leadership import Leaders
 from .partitions import DEFAULT_LIMITS, References
 
 log = logging.getLogger(__name__)
@@ -59,9 +62,10 @@ class _Prepared:
     first: KeyValue
     replaced: list[SegmentRecord]
     high_watermark: int
+    fence: Compare  # our leader key: only the partition's owner compacts it
 
     def compares(self) -> list[Compare]:
-        return [Compare(self.first.key, value=self.first.value)]
+        return [Compare(self.first.key, value=self.first.value), self.fence]
 
     def operations(self, keys: Keys) -> list[Operation]:
         request = self.request
@@ -79,11 +83,13 @@ class CompactionCommitter:
         store: MetadataStore,
         namespace: str,
         high_watermark: Callable[[str, int], int],
+        leaders: Leaders,
         refs: References | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.store = store
         self.keys = Keys(namespace)
+        self.leaders = leaders
         self.high_watermark = high_watermark  # PartitionCommitter.high_watermark
         self.refs = refs
         self.limits = limits
@@ -118,7 +124,8 @@ class CompactionCommitter:
             return SegmentCommitted(
                 committed=False,
                 high_watermark=prepared.high_watermark,
-                error="the topic or the first chunk changed during the compaction",
+                error="the topic, the first chunk or the partition's owner changed during the "
+                "compaction",
             )
         self._committed(prepared)
         return SegmentCommitted(committed=True, high_watermark=prepared.high_watermark)
@@ -189,6 +196,13 @@ class CompactionCommitter:
                 high_watermark=-1,
                 error=f"topic {topic} ({request.topic_id}) no longer exists",
             )
+        leader = self.leaders.leader(topic, partition)
+        if leader is None:
+            return SegmentCommitted(
+                committed=False,
+                high_watermark=-1,
+                error=f"fenced: this broker does not own {topic}/{partition}",
+            )
         first_key = self.keys.segment(topic, partition, request.first_base)
         end_key = self.keys.segment(topic, partition, request.last_offset + 1)
         found = self._read_range(first_key, end_key)
@@ -197,7 +211,8 @@ class CompactionCommitter:
         refusal = compaction_refusal(request, replaced)
         if refusal is not None:
             return SegmentCommitted(committed=False, high_watermark=high_watermark, error=refusal)
-        return _Prepared(request, topic_kv, found[0], replaced, high_watermark)
+        fence = leadership.fence(self.keys, topic, partition, leader)
+        return _Prepared(request, topic_kv, found[0], replaced, high_watermark, fence)
 
     def _committed(self, prepared: _Prepared) -> None:
         request = prepared.request
@@ -237,8 +252,9 @@ def pack(
     ready: Sequence[tuple[int, _Prepared]], limits: Limits
 ) -> list[list[tuple[int, _Prepared]]]:
     """The runs in transactions, in order, each within ``limits``: compares are one per topic
-    plus one per run, operations one or two per run; bytes are keys and values plus
-    ``OP_OVERHEAD`` per operation. A run that alone exceeds them gets a transaction of its own."""
+    plus two per run (its first chunk, its leader key), operations one or two per run; bytes
+    are keys and values plus ``OP_OVERHEAD`` per operation. A run that alone exceeds them gets a
+    transaction of its own."""
     batches: list[list[tuple[int, _Prepared]]] = []
     topics: set[str] = set()
     compares = operations = size = 0
@@ -246,7 +262,7 @@ def pack(
         prepared = item[1]
         ops = 1 + (len(prepared.replaced) > 1)  # the put, and the range delete
         new_topic = prepared.topic_kv.key not in topics
-        run_compares = 1 + new_topic
+        run_compares = 2 + new_topic
         run_size = _run_size(prepared)
         fits = (
             max(compares + run_compares, operations + ops) <= limits.max_ops
@@ -255,7 +271,7 @@ def pack(
         if not batches or not fits:
             batches.append([])
             topics, compares, operations, size = set(), 0, 0, 0
-            run_compares = 2
+            run_compares = 3
         batches[-1].append(item)
         topics.add(prepared.topic_kv.key)
         compares, operations, size = compares + run_compares, operations + ops, size + run_size
@@ -264,12 +280,15 @@ def pack(
 
 def _run_size(prepared: _Prepared) -> int:
     """Bytes of a run's operations in a request: the topic compare, the first chunk compare (its
-    value), the put of the new record and the range delete."""
+    value), the leader key compare (its value), the put of the new record and the range delete."""
     request = prepared.request
+    fence_value = prepared.fence.value or b""
     return (
         len(prepared.topic_kv.key)
         + len(prepared.first.key) * 3
         + len(prepared.first.value)
+        + len(prepared.fence.key)
+        + len(fence_value)
         + len(records.encode(request.segment))
-        + 4 * OP_OVERHEAD
+        + 5 * OP_OVERHEAD
     )

@@ -16,10 +16,25 @@ transactions and feeds the outcome to its ownership state machine. Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
 
 from kafscale.metadata import epochs, records
 from kafscale.metadata.records import Keys, LeaderRecord, PartitionRecord, TopicRecord
 from kafscale.metadata.store import Compare, Delete, KeyValue, Operation, Put
+
+
+class Leaders(Protocol):
+    """What committers ask the ownership driver (``coordinator.owners``)."""
+
+    def leader(self, topic: str, partition: int) -> LeaderRecord | None:
+        """Our leader record of the partition while we own it (or hand it over), else None."""
+        ...
+
+    def fenced(self, topic: str, partition: int, epoch: int) -> None:
+        """A write of ours for the partition at ``epoch`` failed its fence."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +79,11 @@ def claim(
         history = epochs.history(record.epochs, record.leader_epoch, record.log_start_offset)
         epoch = max(record.leader_epoch, history[-1][0]) + 1
     history = epochs.started(history, epoch, record.high_watermark)
-    updated = PartitionRecord(
-        topic_id=record.topic_id,
-        high_watermark=record.high_watermark,
-        log_start_offset=record.log_start_offset,
-        producers=record.producers,
-        owner=owner,
-        leader_epoch=epoch,
-        epochs=history,
+    # A record with an owner but no epoch history was committed by the version before epochs,
+    # which set the owner only when committing: carried over, as claims now set the owner.
+    committed = record.wal_committed or (record.owner >= 0 and not record.epochs)
+    updated = msgspec.structs.replace(
+        record, owner=owner, leader_epoch=epoch, epochs=history, wal_committed=committed
     )
     leader = LeaderRecord(owner=owner, epoch=epoch, lease=lease, run_id=run_id)
     name = topic_record.name

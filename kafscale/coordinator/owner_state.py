@@ -193,14 +193,14 @@ class OwnerState:
         existing = {(t.name, p) for t in view.topics for p in range(t.partitions)}
         for partition, leader in list(self.owned.items()):
             seen = view.leaders.get(partition)
-            if seen == leader:
+            if partition not in existing:
+                reason = "its topic was deleted"
+            elif seen == leader:
                 continue
-            if seen is None and partition in existing:
+            elif seen is None:
                 if view.revision <= self.claimed_at.get(partition, 0):
                     continue  # the view predates our claim
                 reason = "its leader key is gone (our lease expired or it was deleted)"
-            elif seen is None:
-                reason = "its topic was deleted"
             else:
                 reason = f"broker {seen.owner} claimed it at leader epoch {seen.epoch}"
             del self.owned[partition]

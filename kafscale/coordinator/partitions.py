@@ -2,14 +2,16 @@
 
 Two requests, each made of compare-and-set transactions over the topic record (the topic was
 not deleted or re-created meanwhile) and the partition record (no other commit got in first), so
-the committed log never has a gap or an overlap:
+the committed log never has a gap or an overlap, and the partition's leader key (only its owner
+at its leader epoch commits: ``leaders``, docs/design/scale-out.md):
 
 - ``CommitObject`` (write path v2): the chunks of one write-ahead object, planned by
   ``commit_plan`` into one or more transactions, run in order. Partition and topic records are
   cached with their ``mod_revision`` (a transaction's revision is the ``mod_revision`` of every
   key it put), so a commit costs no reads; a transaction whose compares fail is re-planned once
-  from fresh reads, and a refusal decided from cached records is checked against fresh ones
-  before it is answered. The first transaction to succeed holds the object's ``WalRecord``.
+  from fresh reads (without the partitions whose leader key is no longer ours), and a refusal
+  decided from cached records is checked against fresh ones before it is answered. The first
+  transaction to succeed holds the object's ``WalRecord``.
 - ``CommitSegment``: one spec segment at the high watermark: what ``kafscale.shards.recovery``
   adopts when a previous version's flusher uploaded a segment and crashed before committing it.
 
@@ -38,6 +40,7 @@ from kafscale.metadata import records
 from kafscale.metadata.records import Keys, PartitionRecord, TopicRecord
 from kafscale.metadata.store import Compare, MetadataStore, MetadataStoreError, Put
 
+from . import leadership
 from .commit_plan import (
     CommitState,
     Limits,
@@ -49,6 +52,7 @@ from .commit_plan import (
     plan_commit,
     touched,
 )
+from .leadership import Leaders
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +72,13 @@ class PartitionCommitter:
         self,
         store: MetadataStore,
         namespace: str,
+        leaders: Leaders,
         limits: Limits = DEFAULT_LIMITS,
         refs: References | None = None,
     ) -> None:
         self.store = store
         self.keys = Keys(namespace)
+        self.leaders = leaders
         self.limits = limits
         self.refs = refs
         self.high_watermarks: dict[PartitionId, int] = {}  # as committed by this process
@@ -121,7 +127,12 @@ class PartitionCommitter:
         the transactions (their ``chunks`` are indexes into ``request.chunks`` too)."""
         chosen = list(indexes)
         part = msgspec.structs.replace(request, chunks=[request.chunks[i] for i in chosen])
-        state = CommitState(self._topics, self._partitions)
+        owned = {
+            pid: leader
+            for pid in {(c.topic, c.partition) for c in part.chunks}
+            if (leader := self.leaders.leader(*pid)) is not None
+        }
+        state = CommitState(self._topics, self._partitions, owned)
         plan = plan_commit(part, state, self.limits, self.keys, include_wal)
         for txn in plan.transactions:
             txn.chunks = [chosen[i] for i in txn.chunks]
@@ -160,8 +171,22 @@ class PartitionCommitter:
                     )
                 self._forget(txn.partitions)
             else:
+                # A partition fenced since the plan fails the whole transaction: drop it (the
+                # driver closes it) before planning again, so the others still commit.
+                self._check_fences(txn)
                 fresh = self._replan(run, txn, True)
                 queue.extendleft(reversed([(t, True) for t in fresh]))
+
+    def _check_fences(self, txn: PlannedTxn) -> None:
+        """After a transaction failed its compares: tell the ownership driver of every
+        partition in it whose leader key is no longer our record (it closes them at once)."""
+        for topic, partition in txn.partitions:
+            ours = self.leaders.leader(topic, partition)
+            if ours is None:
+                continue
+            kv = self.store.get(self.keys.leader(topic, partition))
+            if kv is None or kv.value != records.encode(ours):
+                self.leaders.fenced(topic, partition, ours.epoch)
 
     def _replan(self, run: _ObjectRun, txn: PlannedTxn, reread: bool) -> list[PlannedTxn]:
         """``txn``'s chunks planned again (from fresh reads if ``reread``), answers updated."""
@@ -235,6 +260,13 @@ class PartitionCommitter:
             if partition_kv is not None
             else PartitionRecord(topic_id=request.topic_id)
         )
+        leader = self.leaders.leader(request.topic, request.partition)
+        if leader is None or (current.owner, current.leader_epoch) != (leader.owner, leader.epoch):
+            return SegmentCommitted(
+                committed=False,
+                high_watermark=current.high_watermark,
+                error=f"fenced: this broker does not own {request.topic}/{request.partition}",
+            )
         segment = request.segment
         if segment.base_offset != current.high_watermark:
             return SegmentCommitted(
@@ -248,6 +280,7 @@ class PartitionCommitter:
             topic_id=request.topic_id,
             high_watermark=segment.last_offset + 1,
             producers=request.producers,
+            wal_committed=True,
         )
         txn = self.store.transaction(
             [
@@ -255,6 +288,7 @@ class PartitionCommitter:
                 Compare(
                     partition_key, mod_revision=partition_kv.mod_revision if partition_kv else 0
                 ),
+                leadership.fence(self.keys, request.topic, request.partition, leader),
             ],
             [
                 Put(partition_key, records.encode(updated)),

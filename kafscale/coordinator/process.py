@@ -1,6 +1,6 @@
 """The coordinator process: the single writer of the cluster's metadata.
 
-It owns the cluster id, this broker's registration, the topics (creation, deletion and the
+It owns the cluster id, the topics (creation, deletion and the
 removal of a deleted topic's objects), partition commits, producer ids, and the consumer groups
 with their committed offsets. Other processes never write metadata: they read the watched view
 (``kafscale.metadata.view``) or ask the coordinator.
@@ -17,7 +17,7 @@ import time
 from kafscale.ipc import messages, write_path
 from kafscale.ipc.rpc import Handler, Incoming, RpcServer, serve_until
 from kafscale.metadata import open_metadata_store
-from kafscale.metadata.records import BrokerRecord, Keys
+from kafscale.metadata.records import Keys
 from kafscale.metadata.store import MetadataStoreUnavailable
 from kafscale.storage import open_object_store
 from kafscale.storage.metered import MeteredObjectStore
@@ -31,13 +31,17 @@ from .configs import ConfigAdmin
 from .group_service import TICK_MS, GroupService
 from .groups import GroupSettings
 from .history import HistoryCompactor
+from .owner_state import OwnerState
+from .owners import Owners
 from .partitions import PartitionCommitter
 from .producer_ids import ProducerIdAllocator
-from .registry import BrokerRegistration, ensure_cluster_id
+from .registry import ensure_cluster_id
 from .retention import RetentionCleaner
 from .wal_gc import WalReferences
 
 log = logging.getLogger(__name__)
+
+HANDOVER_TIMEOUT_MS = 30_000  # longest graceful hand-over of one partition (S3 slow or down)
 
 
 def run(ctx: ChildContext) -> None:
@@ -48,16 +52,6 @@ def run(ctx: ChildContext) -> None:
         store.check()
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
-        broker = BrokerRecord(
-            node_id=config.broker_id,
-            host=config.advertised_listener_host,
-            port=config.broker_port,
-            run_id=ctx.run_id,
-        )
-        # First, before any other write: a broker id held by another broker stops us here.
-        # Its lease lapses with the store lock's: a restart after a crash waits for neither long.
-        registration = BrokerRegistration(store, keys, broker, ttl=config.store_lock_ttl_s)
-        registration.register(wait=True)
         refs = WalReferences(store, objects, keys)
         refs.load()
         admin = TopicAdmin(
@@ -65,9 +59,22 @@ def run(ctx: ChildContext) -> None:
         )
         admin.resume_deletions()
         limits = Limits(config.metadata_max_txn_ops, config.metadata_max_txn_bytes)
-        committer = PartitionCommitter(store, config.s3_namespace, limits, refs=refs)
+        owners = Owners(
+            store,
+            config.s3_namespace,
+            OwnerState(
+                me=config.broker_id,
+                lease=ctx.lease_id,
+                run_id=ctx.run_id,
+                handover_timeout_ms=HANDOVER_TIMEOUT_MS,
+            ),
+            ctx.zmq_context,
+            ctx.runtime_dir,
+            config.shards,
+        )
+        committer = PartitionCommitter(store, config.s3_namespace, owners, limits, refs=refs)
         compactions = CompactionCommitter(
-            store, config.s3_namespace, committer.high_watermark, refs=refs, limits=limits
+            store, config.s3_namespace, committer.high_watermark, owners, refs=refs, limits=limits
         )
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
@@ -83,6 +90,7 @@ def run(ctx: ChildContext) -> None:
             committer.high_watermarks,
         )
         groups.load()
+        owners.start(_now_ms())  # the first claims, before the shards and the flusher boot
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()
 
@@ -93,10 +101,10 @@ def run(ctx: ChildContext) -> None:
         history = HistoryCompactor(store, config.metadata_compaction_interval_ms)
 
         def on_idle() -> None:
-            registration.keep_alive()
             groups.tick()
             retention.maybe_run()
             now_ms = time.monotonic_ns() // 1_000_000
+            owners.tick(_now_ms())
             refs.sweep(now_ms)
             history.maybe_run(now_ms)
 
@@ -113,6 +121,7 @@ def run(ctx: ChildContext) -> None:
                         write_path.CommitObject: committer.handle_object,
                         write_path.CommitCompaction: compactions.handle,
                         write_path.CommitMerge: compactions.handle_merge,
+                        write_path.PartitionSealed: owners.handle_sealed,
                         messages.AllocateProducerId: producer_ids.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
@@ -122,12 +131,16 @@ def run(ctx: ChildContext) -> None:
                 idle_ms=TICK_MS,
             )
         finally:
+            owners.close()
             retention.close()
-            registration.deregister()
             server.close()
     finally:
         store.close()
         objects.close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def contained(handlers: dict[type, Handler]) -> dict[type, Handler]:

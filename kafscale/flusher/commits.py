@@ -29,6 +29,7 @@ def commit_request(built: BuiltObject, broker_id: int) -> write_path.CommitObjec
             partition=chunk.entry.partition,
             chunk=chunk.record,
             producers=chunk.entry.producers,
+            leader_epoch=chunk.entry.leader_epoch,
         )
         for chunk in built.chunks
     ]
@@ -39,7 +40,7 @@ def commit_request(built: BuiltObject, broker_id: int) -> write_path.CommitObjec
         broker_id=broker_id,
         entries=[(c.topic, c.partition, c.chunk.base_offset) for c in chunks],
     )
-    return write_path.CommitObject(wal=wal, chunks=chunks, owner=broker_id, leader_epoch=0)
+    return write_path.CommitObject(wal=wal, chunks=chunks)
 
 
 def entry_results(

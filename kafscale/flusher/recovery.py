@@ -131,7 +131,7 @@ def commit_request(
         broker_id=broker_id,
         entries=[(c.topic, c.partition, c.chunk.base_offset) for c in chunks],
     )
-    return write_path.CommitObject(wal=record, chunks=chunks, owner=broker_id, leader_epoch=0)
+    return write_path.CommitObject(wal=record, chunks=chunks)
 
 
 def _chunk(key: str, adoption: Adoption) -> write_path.ObjectChunk:
@@ -142,6 +142,7 @@ def _chunk(key: str, adoption: Adoption) -> write_path.ObjectChunk:
         partition=entry.partition,
         chunk=chunk_record(key, entry),
         producers=adoption.producers,
+        leader_epoch=write_path.ANY_EPOCH,  # at whatever epoch this broker owns it now
     )
 
 

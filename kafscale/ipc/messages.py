@@ -31,6 +31,8 @@ from kafscale.ipc.write_path import (
     MergeCommitted,
     ObjectCommitResult,
     ObjectCommitted,
+    PartitionSealed,
+    SealPartition,
     SegmentCommitted,
     SegmentsCompacted,
     ShardPending,
@@ -542,6 +544,8 @@ AnyMessage = (
     | CommitMerge
     | MergeCommitted
     | SegmentsCompacted
+    | SealPartition
+    | PartitionSealed
 )
 
 _encoder = msgspec.msgpack.Encoder()

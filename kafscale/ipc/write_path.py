@@ -51,6 +51,8 @@ class SegmentCommitted(Message, frozen=True):
 #   flusher -> coord.  CommitCompaction -> SegmentCommitted
 #   flusher -> coord.  CommitMerge -> MergeCommitted  runs of many partitions moved to one object
 #   flusher -> shard   SegmentsCompacted (notice)     chunks replaced by a segment or merged chunk
+#   coord. -> shard    SealPartition (notice)         hand a partition over: commit, then unload
+#   shard -> coord.    PartitionSealed (notice)       done: nothing of it is left uncommitted
 
 Producers = dict[int, tuple[int, int, list[tuple[int, int, int, int]]]]  # ProducerStates.snapshot
 
@@ -91,6 +93,7 @@ class WalEntry(msgspec.Struct, frozen=True):
     producers: Producers
     topic_created_ms: int = 0
     segment_bytes: int = 0  # the topic's segment.bytes (the compaction target); 0: the broker's
+    leader_epoch: int = 0  # the partition's leader epoch the batches were appended at
 
 
 class CutEntries(Message, frozen=True):
@@ -131,13 +134,18 @@ class ObjectChunk(msgspec.Struct, frozen=True):
     partition: int
     chunk: SegmentRecord
     producers: Producers  # the idempotence state as of ``chunk.last_offset``
+    # The leader epoch the batches were appended at: committed only while this broker owns the
+    # partition at that epoch. ``ANY_EPOCH``: whatever epoch it owns it at (boot recovery of an
+    # object this broker uploaded before it crashed, adopted at the high watermark only).
+    leader_epoch: int = 0
+
+
+ANY_EPOCH = -1
 
 
 class CommitObject(Message, frozen=True):
     wal: WalRecord
     chunks: list[ObjectChunk]
-    owner: int = -1  # the committing broker; checked against each partition record's owner
-    leader_epoch: int = 0
 
 
 class ChunkCommitted(msgspec.Struct, frozen=True):
@@ -191,3 +199,22 @@ class SegmentsCompacted(Message, frozen=True):
     topic_id: str
     partition: int
     segment: SegmentRecord
+
+
+# -- hand-over (docs/design/scale-out.md, section 5) --------------------------------------------
+
+
+class SealPartition(Message, frozen=True):
+    """Stop accepting appends to the partition (``NOT_LEADER_OR_FOLLOWER``), commit what the
+    shard holds of it and unload it; answer ``PartitionSealed``. Sent again until answered: a
+    partition the shard holds nothing of is sealed at once."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+
+
+class PartitionSealed(Message, frozen=True):
+    topic: str
+    partition: int
+    leader_epoch: int

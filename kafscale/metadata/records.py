@@ -82,6 +82,9 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     leader_epoch: int = 0
     # The leader epoch history, (epoch, first offset written at it): ``kafscale.metadata.epochs``.
     epochs: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    # A commit of this version happened (write-ahead object or adopted segment): no segment a
+    # previous version uploaded can be waiting uncommitted at the high watermark any more.
+    wal_committed: bool = False
 
 
 class LeaderRecord(msgspec.Struct, frozen=True):
@@ -183,6 +186,9 @@ class Keys:
 
     def leader(self, topic: str, partition: int) -> str:
         return f"{self.leaders}{topic}/{partition}"
+
+    def topic_leaders(self, topic: str) -> str:
+        return f"{self.leaders}{topic}/"
 
     def parse_leader(self, key: str) -> tuple[str, int] | None:
         """(topic, partition) of a leader key, or None."""

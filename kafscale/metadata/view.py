@@ -45,9 +45,14 @@ class Snapshot:
 
 
 class MetadataView:
-    def __init__(self, store: MetadataStore, namespace: str) -> None:
+    def __init__(self, store: MetadataStore, namespace: str, prefix: str | None = None) -> None:
+        """``prefix``: follow only the keys under it (say ``Keys.leaders``: a shard needs no
+        more), not the whole namespace."""
         self._store = store
         self._keys = Keys(namespace)
+        self._prefix = prefix if prefix is not None else self._keys.root
+        if not self._prefix.startswith(self._keys.root):
+            raise ValueError(f"{self._prefix!r} is not in the namespace {self._keys.root!r}")
         self._lock = threading.Lock()  # serialises watch callbacks; readers never take it
         self._advanced = threading.Condition(self._lock)
         self.snapshot = Snapshot()
@@ -59,13 +64,13 @@ class MetadataView:
         """Load the namespace and follow changes from the revision loaded."""
         revision = self._store.revision()
         snapshot = Snapshot(revision=revision)
-        for kv in self._store.get_prefix(self._keys.root):
+        for kv in self._store.get_prefix(self._prefix):
             snapshot = self._apply(snapshot, EventType.PUT, kv.key, kv.value, kv.mod_revision)
         with self._lock:
             self.snapshot = snapshot
             self._advanced.notify_all()
         self._watch = self._store.watch_prefix(
-            self._keys.root, self._on_event, start_revision=revision, on_error=self._on_watch_error
+            self._prefix, self._on_event, start_revision=revision, on_error=self._on_watch_error
         )
         for listener in self._listeners:
             listener(snapshot)

@@ -90,11 +90,10 @@ class PartitionLoader:
         """Whether a previous version (write path 1) can have left an uncommitted segment at
         the partition's high watermark: only worth an object store LIST if so.
 
-        Not once a commit of this version set the record's owner (every write-ahead commit
-        does, and one is only made after a load that adopted what there was), nor in a topic
-        this version created, nor in a topic that is gone (the coordinator would refuse to
-        commit into it)."""
-        if state.owner >= 0:
+        Not once a commit of this version happened (``wal_committed``), since one is only made
+        after a load that adopted what there was; nor in a topic this version created, nor in a
+        topic that is gone (the coordinator would refuse to commit into it)."""
+        if state.wal_committed:
             return False
         write_path = self._write_paths.get(topic_id)
         if write_path is None:
@@ -127,6 +126,12 @@ class PartitionLoader:
             # "committed", and the log moves on from there.
             partition = self._open(
                 owner, state.log_start_offset, adopted.high_watermark, ProducerStates()
+            )
+            # The predecessor appended at the epoch the record had when it loaded: if the
+            # partition moved since, the coordinator refuses (fences) the commit of these.
+            partition.leader_epoch = state.leader_epoch
+            partition.epochs = epochs.history(
+                state.epochs, state.leader_epoch, state.log_start_offset
             )
             partition.adopt(adopted, buffers, now_ms)
             loaded.append(partition)

@@ -295,6 +295,7 @@ class PartitionLog:
             producers=segment.producers,
             topic_created_ms=self.topic_created_ms,
             segment_bytes=self.segment_bytes,
+            leader_epoch=self.leader_epoch,
         )
 
     def close(self) -> int:

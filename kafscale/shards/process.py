@@ -23,6 +23,7 @@ completed on a reader thread (that request is left to time out). Neither takes t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -30,7 +31,7 @@ import zmq
 
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages, write_path
-from kafscale.ipc.rpc import Incoming, RpcClient, RpcError, RpcServer
+from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcError, RpcServer
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.protocol import records as batches
@@ -39,6 +40,7 @@ from kafscale.protocol.errors import ErrorCode
 from kafscale.shards.admission import Admission
 from kafscale.shards.cycles import CycleLink
 from kafscale.shards.flushes import Key
+from kafscale.shards.leases import NotLeader, ShardLeases
 from kafscale.shards.loading import PartitionLoader
 from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.reader import ReadPath
@@ -59,6 +61,7 @@ UNAVAILABLE = "cannot load the partition: the object store or metadata store is 
 # Nobody waits on an answer to these.
 NOTICES = (
     messages.LogStartMoved,
+    write_path.SealPartition,
     messages.ReleaseFetch,
     write_path.ObjectCommitted,
     write_path.SegmentsCompacted,
@@ -80,6 +83,14 @@ class Shard:
         )
         self.partitions: dict[Key, PartitionLog] = {}
         self.waiters = Waiters()  # acks=all requests and flushes waiting for commits
+        # Which partitions are this broker's, at which epoch (its own view of the leader keys).
+        self.leases = ShardLeases(
+            store, self.config.s3_namespace, self.config.broker_id, ctx.lease_id
+        )
+        self.leases.start()
+        self.notices = ctx.zmq_context.socket(zmq.DEALER)  # PartitionSealed to the coordinator
+        self.notices.setsockopt(zmq.LINGER, 0)
+        self.notices.connect(endpoints.address(ctx.runtime_dir, "coordinator"))
         self.loader = PartitionLoader(
             self.config, store, objects, self.coordinator, ctx.run_id, ctx.index
         )
@@ -163,11 +174,17 @@ class Shard:
             self.cycles.on_compacted(message)
         elif isinstance(message, messages.FlushAll):
             self._on_flush_all(incoming)
+        elif isinstance(message, write_path.SealPartition):
+            self._on_seal(message)
         else:
             name = type(message).__name__
             self.server.reply(incoming, messages.ErrorReply(message=f"unexpected {name}"))
 
     def _tick(self, now: int) -> None:
+        if self.leases.changed():
+            self._follow_leaders()
+        if self.leases.sealing:
+            self._progress_seals(now)
         self.cycles.tick(now)
         self._send(self.waiters.expire(now))
         self.reads.tick(now)
@@ -215,9 +232,13 @@ class Shard:
         """Validate and append one partition's batch: its result, and what an acks=all
         request waits for (the partition and the batch's last offset), if anything."""
         try:
+            self.leases.require_writable(entry.topic, entry.partition)
             partition = self._partition_for(
                 entry.topic, entry.topic_id, entry.partition, entry.topic_created_ms
             )
+        except NotLeader as exc:
+            metrics.BATCHES_REJECTED.labels("not_leader").inc()
+            return _error(ErrorCode.not_leader_or_follower, str(exc)), None
         except StaleTopic as exc:
             return _error(ErrorCode.unknown_topic_or_partition, str(exc)), None
         except (MetadataStoreError, ObjectStoreError, RpcError) as exc:
@@ -318,9 +339,14 @@ class Shard:
     def _partition_for(
         self, topic: str, topic_id: str, index: int, topic_created_ms: int
     ) -> PartitionLog:
-        """The partition, loaded on first use (for a write or a read)."""
+        """The partition, loaded on first use (for a write or a read) at the leader epoch this
+        broker owns it at; ``NotLeader`` if it does not."""
+        epoch = self.leases.require(topic, index)
         key = (topic, index)
         partition = self.partitions.get(key)
+        if partition is not None and partition.leader_epoch != epoch:
+            self._close(key, f"claimed again at leader epoch {epoch}")
+            partition = None
         if partition is not None and partition.topic_id == topic_id:
             return partition
         if partition is not None and topic_created_ms < partition.topic_created_ms:
@@ -330,8 +356,63 @@ class Shard:
         if partition is not None:  # the topic was deleted and created again
             self.cycles.drop(key)
         partition = self.loader.load(topic, topic_id, index, topic_created_ms)
+        if partition.leader_epoch != epoch:  # claimed again since the view saw our key
+            partition.close()
+            raise NotLeader(f"{topic}/{index} is at leader epoch {partition.leader_epoch} now")
         self.partitions[key] = partition
         return partition
+
+    # -- ownership (kafscale.shards.leases) ----------------------------------------------------
+
+    def _follow_leaders(self) -> None:
+        """Close every loaded partition the leader keys no longer show as ours at its epoch."""
+        loaded = {key: partition.leader_epoch for key, partition in self.partitions.items()}
+        for key in self.leases.lost(loaded):
+            self._close(key, "this broker no longer owns it at the epoch it was loaded at")
+        self.leases.forget(
+            key for key, epoch in self.leases.sealing.items() if self.leases.epoch(*key) != epoch
+        )
+
+    def _close(self, key: Key, reason: str) -> None:
+        """Drop the partition at once: its buffers (never acknowledged: acks=all waits for a
+        commit that can no longer happen) and its waiters, answered NOT_LEADER_OR_FOLLOWER."""
+        partition = self.partitions.get(key)
+        if partition is None:
+            return
+        lost = partition.next_offset - partition.high_watermark
+        log.warning(
+            "dropping a partition",
+            extra={"topic": key[0], "partition": key[1], "reason": reason, "uncommitted": lost},
+        )
+        self._send(self.waiters.lost(partition, _error(ErrorCode.not_leader_or_follower, reason)))
+        self.cycles.drop(key)
+
+    def _on_seal(self, notice: write_path.SealPartition) -> None:
+        key = (notice.topic, notice.partition)
+        if self.leases.epoch(*key) != notice.leader_epoch:
+            self._sealed(key, notice.leader_epoch)  # not ours at that epoch: nothing to commit
+            return
+        if key not in self.leases.sealing:
+            log.info("handing a partition over", extra={"topic": key[0], "partition": key[1]})
+        self.leases.sealing[key] = notice.leader_epoch
+
+    def _progress_seals(self, now: int) -> None:
+        """Unload each partition being handed over once everything it took is committed."""
+        for key, epoch in list(self.leases.sealing.items()):
+            partition = self.partitions.get(key)
+            if partition is not None and partition.leader_epoch == epoch:
+                if partition.next_offset > partition.high_watermark:
+                    self.cycles.urgent(now)
+                    continue
+                self.cycles.drop(key)
+            self._sealed(key, epoch)
+
+    def _sealed(self, key: Key, epoch: int) -> None:
+        notice = write_path.PartitionSealed(key[0], key[1], epoch)
+        with contextlib.suppress(zmq.Again):  # the coordinator asks again until answered
+            self.notices.send_multipart(
+                [REQUEST_ID.pack(0), messages.encode(notice)], flags=zmq.NOBLOCK
+            )
 
     def adopt_predecessor(self) -> None:
         """Take over the buffers a crashed predecessor left (at boot, before serving)."""
@@ -363,6 +444,8 @@ class Shard:
             partition.close()
 
     def close(self) -> None:
+        self.leases.stop()
+        self.notices.close(linger=0)
         self.reads.close()
         self.server.close()
         self.flusher.close(linger=0)

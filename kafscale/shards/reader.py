@@ -53,6 +53,7 @@ from kafscale.protocol.errors import ErrorCode
 from kafscale.shards import reads
 from kafscale.shards.cache import Chunk, EntryCache, SegmentKey, entry_key
 from kafscale.shards.gate import ReadGate
+from kafscale.shards.leases import NotLeader
 from kafscale.shards.offsets import OffsetLookups
 from kafscale.shards.partition import PartitionLog, StaleTopic
 from kafscale.shards.reads import SegmentRef
@@ -370,6 +371,8 @@ class ReadPath:
             return self.partition_for(topic, topic_id, partition, query.topic_created_ms)
         except StaleTopic as exc:
             return _error(ErrorCode.unknown_topic_or_partition, str(exc))
+        except NotLeader as exc:
+            return _error(ErrorCode.not_leader_or_follower, str(exc))
         except Exception:  # a partition that cannot load is that partition's error
             log.exception("cannot load partition", extra={"topic": topic, "partition": partition})
             return _error(ErrorCode.kafka_storage_error, "cannot load the partition")

@@ -10,10 +10,10 @@ committed log never has a gap, and a segment key is never written twice with dif
 Finding them costs a LIST of the partition's prefix, so the loader
 (``kafscale.shards.loading``) asks only where such a leftover can exist: in a topic created by
 that version (``TopicRecord.write_path`` 1) whose partition record this version has not yet
-committed to (``PartitionRecord.owner`` -1; every write-ahead commit sets it). Write path 2
-never leaves one: its uncommitted uploads are write-ahead objects, adopted by the flusher at
-boot (``kafscale.flusher.recovery``), and compaction writes segments only below the high
-watermark.
+committed to (``PartitionRecord.wal_committed`` false; every commit of this version sets it).
+Write path 2 never leaves one: its uncommitted uploads are write-ahead objects, adopted by the
+flusher at boot (``kafscale.flusher.recovery``), and compaction writes segments only below the
+high watermark.
 
 Judged by the segment format alone (``parse_segment(verify=True)``): a segment whose batches
 frame, match their CRCs and run on without a gap is adopted even if a batch's records do not

@@ -87,6 +87,34 @@ class Waiters:
         self._waiting = still
         return answers
 
+    def lost(self, partition: Committing, error: messages.AppendResult) -> Answers:
+        """``partition`` will never commit what they wait for (this broker lost it): those
+        entries are answered ``error``; requests left with nothing to wait for are answered."""
+        answers: Answers = []
+        still = []
+        for waiting in self._waiting:
+            gone = [i for i, (p, _) in waiting.waits.items() if p is partition]
+            if gone:
+                results = list(waiting.results)
+                for index in gone:
+                    if not waiting.flush_all:  # a flush has no per-partition results
+                        results[index] = error
+                waits = {i: w for i, w in waiting.waits.items() if i not in gone}
+                waiting = Waiting(
+                    waiting.incoming,
+                    results,
+                    waits,
+                    waiting.deadline_ms,
+                    waiting.since_ms,
+                    waiting.flush_all,
+                )
+            if waiting.done():
+                answers.append((waiting.incoming, waiting.answer(timed_out=False)))
+            else:
+                still.append(waiting)
+        self._waiting = still
+        return answers
+
     def expire(self, now_ms: int) -> Answers:
         """The requests whose deadline passed, answered with what was committed."""
         expired = [w for w in self._waiting if w.deadline_ms <= now_ms]

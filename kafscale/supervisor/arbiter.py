@@ -58,9 +58,10 @@ class StartupError(Exception):
 
 
 class Arbiter:
-    def __init__(self, config: Config, run_id: str, runtime_dir: str) -> None:
+    def __init__(self, config: Config, run_id: str, runtime_dir: str, lease_id: int = 0) -> None:
         self.config = config
         self.run_id = run_id
+        self.lease_id = lease_id  # the broker lease (kafscale.supervisor.membership)
         self.runtime_dir = runtime_dir
         self.children = [
             Child("coordinator", 0),
@@ -85,7 +86,12 @@ class Arbiter:
         path = os.path.join(self.runtime_dir, CONFIG_FILE)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump({"config": self.config.to_json_dict(), "run_id": self.run_id}, file)
+            document = {
+                "config": self.config.to_json_dict(),
+                "run_id": self.run_id,
+                "lease_id": self.lease_id,
+            }
+            json.dump(document, file)
         self._notices.setsockopt(zmq.LINGER, 0)
         self._notices.bind(endpoints.supervisor_address(self.runtime_dir))
         os.set_blocking(self._wakeup_w, False)

@@ -1,4 +1,5 @@
-"""The supervisor process of one broker: preflight, the store lock, health endpoints, the arbiter.
+"""The supervisor process of one broker: preflight, the store lock, the broker's membership (lease
+and registration), health endpoints, the arbiter.
 
 A configured backend that cannot be reached stops start-up with a message naming its endpoint,
 within ``KAFSCALE_BOOT_TIMEOUT_MS`` -- never a silent fallback to the embedded backends.
@@ -6,13 +7,15 @@ within ``KAFSCALE_BOOT_TIMEOUT_MS`` -- never a silent fallback to the embedded b
 The store lock (``kafscale.supervisor.ownership``) is taken after the preflight and before any
 child boots, held for the broker's life, and released only after every child has stopped. A
 broker that loses it to another broker stops at once: its children are SIGKILLed, not drained,
-since a drain would write to a store that is no longer this broker's.
+since a drain would write to a store that is no longer this broker's. So does a broker whose
+lease (``kafscale.supervisor.membership``) is found expired: its partitions may be other brokers'.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -21,11 +24,13 @@ from typing import NoReturn
 
 from kafscale.config import Config
 from kafscale.metadata import open_metadata_store
+from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.storage import ObjectStore, open_object_store
 from kafscale.supervisor import ownership
 from kafscale.supervisor.arbiter import Arbiter, StartupError
 from kafscale.supervisor.health import HealthChecker, HealthServer
+from kafscale.supervisor.membership import BrokerIdTaken, Membership
 
 log = logging.getLogger("kafscale.supervisor")
 
@@ -39,18 +44,27 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
         with (
             _backends(config) as (objects, store),
             _store_lock(config, store, run_id) as owned,
+            _membership(config, store, run_id) as member,
         ):
-            arbiter = Arbiter(config, run_id, runtime_dir)
+            if member.node_id != config.broker_id:  # KAFSCALE_BROKER_ID=auto
+                config = dataclasses.replace(config, broker_id=member.node_id)
+            arbiter = Arbiter(config, run_id, runtime_dir, member.lease_id)
             try:
                 arbiter.prepare()
-                owned.keep(lambda reason: _stop_writing(arbiter, reason))
+                owned.keep(
+                    lambda reason: _stop_at_once(arbiter, f"the store lock was lost: {reason}")
+                )
+                member.keep(lambda reason: _stop_at_once(arbiter, reason))
                 _supervise(config, arbiter, objects, store)
             finally:
-                if owned.lost is not None:
-                    _kill_children(arbiter)  # no drain: the store is another broker's now
+                if owned.lost is not None or member.lost is not None:
+                    # No drain: what the children hold can no longer be committed.
+                    _kill_children(arbiter)
                 arbiter.shutdown()  # every child stops while the store is still ours
             if owned.lost is not None:
                 arbiter.failure = f"the store lock was lost: {owned.lost}"
+            elif member.lost is not None:
+                arbiter.failure = member.lost
     except KeyboardInterrupt:  # SIGTERM or SIGINT before the arbiter's handlers
         log.critical("cannot start: interrupted during start-up")
         return 1
@@ -103,13 +117,35 @@ def _store_lock(config: Config, store: MetadataStore, run_id: str) -> Iterator[o
         owned.release()
 
 
+@contextlib.contextmanager
+def _membership(config: Config, store: MetadataStore, run_id: str) -> Iterator[Membership]:
+    """Join the cluster (the broker lease and registration) for the body, leave after it."""
+    broker = BrokerRecord(
+        node_id=max(config.broker_id, 0),
+        host=config.advertised_listener_host,
+        port=config.broker_port,
+        run_id=run_id,
+    )
+    member = Membership(
+        store, config.s3_namespace, broker, config.store_lock_ttl_s, auto_id=config.broker_id < 0
+    )
+    try:
+        member.join()
+    except (BrokerIdTaken, MetadataStoreError) as exc:
+        raise StartupError(str(exc)) from None
+    try:
+        yield member
+    finally:
+        member.leave()
+
+
 def _interrupt(signum: int, _frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
-def _stop_writing(arbiter: Arbiter, reason: str) -> None:
-    """On the lock keeper's thread: make the arbiter's loop end (it checks within 500 ms)."""
-    arbiter.failure = f"the store lock was lost: {reason}"
+def _stop_at_once(arbiter: Arbiter, reason: str) -> None:
+    """On a keeper's thread: make the arbiter's loop end (it checks within 500 ms)."""
+    arbiter.failure = reason
     arbiter.stopping = True
 
 

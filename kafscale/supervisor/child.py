@@ -60,6 +60,8 @@ class ChildContext:
     runtime_dir: str
     run_id: str
     zmq_context: zmq.Context[zmq.Socket[bytes]]
+    # The broker lease the supervisor holds; keys that must go with this broker go on it.
+    lease_id: int = 0
     stopping: threading.Event = field(default_factory=threading.Event)
     started_at: float = field(default_factory=time.time)
     is_ready: bool = False
@@ -111,10 +113,12 @@ class ChildContext:
             self._notices.close(linger=2000)
 
 
-def load_config(runtime_dir: str) -> tuple[Config, str]:
+def load_config(runtime_dir: str) -> tuple[Config, str, int]:
+    """The broker's config, run id and broker lease id, as the supervisor wrote them."""
     with open(os.path.join(runtime_dir, CONFIG_FILE), encoding="utf-8") as file:
         document: dict[str, Any] = json.load(file)
-    return Config.from_json_dict(document["config"]), str(document["run_id"])
+    config = Config.from_json_dict(document["config"])
+    return config, str(document["run_id"]), int(document.get("lease_id", 0))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -144,7 +148,7 @@ def unreachable_backend(exc: BaseException) -> bool:
 
 def main(argv: list[str]) -> int:
     role, index, runtime_dir, parent_pid = argv[0], int(argv[1]), argv[2], int(argv[3])
-    config, run_id = load_config(runtime_dir)
+    config, run_id, lease_id = load_config(runtime_dir)
     logs.setup(f"{role}-{index}", config.log_level, config.secret_values())
     context = ChildContext(
         config=config,
@@ -153,6 +157,7 @@ def main(argv: list[str]) -> int:
         runtime_dir=runtime_dir,
         run_id=run_id,
         zmq_context=zmq.Context(),
+        lease_id=lease_id,
     )
 
     def request_stop(signum: int, _frame: object) -> None:

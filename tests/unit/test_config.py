@@ -194,3 +194,15 @@ def test_wildcard_bind_advertises_a_connectable_host() -> None:
 
 def test_readme_configuration_table_is_the_settings_table() -> None:
     assert configuration.markdown_table() in README.read_text()
+
+def test_broker_id_is_a_number_an_ordinal_or_auto() -> None:
+    from kafscale.settings import AUTO_BROKER_ID, parse_broker_id
+
+    assert parse_broker_id("7") == 7
+    assert parse_broker_id("auto") == AUTO_BROKER_ID
+    assert parse_broker_id("ordinal", hostname="kafscale-12") == 12
+    assert parse_broker_id("ordinal", hostname="kafscale-3.kafscale-headless.ns.svc") == 3
+    wrong_ones = (("ordinal", "broker"), ("ordinal", "kafscale-x"), ("-1", None), ("x", None))
+    for wrong, host in wrong_ones:
+        with pytest.raises(ValueError):
+            parse_broker_id(wrong, hostname=host)

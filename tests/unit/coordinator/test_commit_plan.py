@@ -18,9 +18,16 @@ from kafscale.coordinator.commit_plan import (
     touched,
     wal_record_key,
 )
-from kafscale.ipc.write_path import CommitObject, ObjectChunk
+from kafscale.ipc.write_path import ANY_EPOCH, CommitObject, ObjectChunk
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys, PartitionRecord, SegmentRecord, TopicRecord, WalRecord
+from kafscale.metadata.records import (
+    Keys,
+    LeaderRecord,
+    PartitionRecord,
+    SegmentRecord,
+    TopicRecord,
+    WalRecord,
+)
 from kafscale.storage import wal
 
 KEYS = Keys("ns")
@@ -29,7 +36,9 @@ TOPIC_IDS = {name: str(uuid.UUID(int=n + 1)) for n, name in enumerate(["a", "b",
 LIMITS = Limits(max_ops=128, max_bytes=1024 * 1024)
 
 
-def chunk(topic: str, partition: int, base: int, last: int, topic_id: str = "") -> ObjectChunk:
+def chunk(
+    topic: str, partition: int, base: int, last: int, topic_id: str = "", epoch: int = 0
+) -> ObjectChunk:
     return ObjectChunk(
         topic=topic,
         topic_id=topic_id or TOPIC_IDS[topic],
@@ -47,17 +56,20 @@ def chunk(topic: str, partition: int, base: int, last: int, topic_id: str = "") 
             codec=0,
         ),
         producers={9: (0, 1, [(0, 0, base, last)])},
+        leader_epoch=epoch,
     )
 
 
-def request(chunks: list[ObjectChunk], owner: int = 1, epoch: int = 0) -> CommitObject:
+def request(chunks: list[ObjectChunk]) -> CommitObject:
     entries = [(c.topic, c.partition, c.chunk.base_offset) for c in chunks]
     return CommitObject(
         wal=WalRecord(key=OBJECT, size=1000, created_ms=1, broker_id=1, entries=entries),
         chunks=chunks,
-        owner=owner,
-        leader_epoch=epoch,
     )
+
+
+def leader(epoch: int = 0, owner: int = 1) -> LeaderRecord:
+    return LeaderRecord(owner=owner, epoch=epoch, lease=5, run_id="run")
 
 
 def topic(name: str, partitions: int = 1000, revision: int = 3) -> Stored[TopicRecord]:
@@ -68,13 +80,23 @@ def state(
     partitions: dict[tuple[str, int], PartitionRecord] | None = None,
     topics: dict[str, Stored[TopicRecord] | None] | None = None,
 ) -> CommitState:
+    """The records, and broker 1's leader record of every partition whose record says broker 1
+    owns it (as a claim leaves them)."""
+    partitions = partitions or {}
     return CommitState(
         topics if topics is not None else {name: topic(name) for name in TOPIC_IDS},
-        {pid: Stored(record, 40 + pid[1]) for pid, record in (partitions or {}).items()},
+        {pid: Stored(record, 40 + pid[1]) for pid, record in partitions.items()},
+        {pid: leader(r.leader_epoch) for pid, r in partitions.items() if r.owner == 1},
     )
 
 
+def claimed(commit: CommitObject) -> dict[tuple[str, int], PartitionRecord]:
+    """A fresh record (high watermark 0), claimed by broker 1, of every partition of ``commit``."""
+    return {(c.topic, c.partition): at(c.topic, 0) for c in commit.chunks}
+
+
 def at(topic: str, high_watermark: int, **fields: int) -> PartitionRecord:
+    fields.setdefault("owner", 1)
     return PartitionRecord(TOPIC_IDS[topic], high_watermark, **fields)  # type: ignore[arg-type]
 
 
@@ -83,14 +105,15 @@ def outcomes(plan: CommitPlan) -> list[tuple[Outcome, int]]:
 
 
 def test_a_partition_commits_with_its_record_and_the_wal_record() -> None:
-    commit = request([chunk("a", 0, 10, 19), chunk("a", 0, 20, 24)], owner=1, epoch=2)
-    current = state({("a", 0): at("a", 10, log_start_offset=4, owner=1, leader_epoch=1)})
+    commit = request([chunk("a", 0, 10, 19, epoch=2), chunk("a", 0, 20, 24, epoch=2)])
+    current = state({("a", 0): at("a", 10, log_start_offset=4, owner=1, leader_epoch=2)})
     plan = plan_commit(commit, current, LIMITS, KEYS)
     assert outcomes(plan) == [(Outcome.COMMIT, 25), (Outcome.COMMIT, 25)]
     (txn,) = plan.transactions
-    assert [(c.key, c.mod_revision) for c in txn.compares] == [
-        (KEYS.topic("a"), 3),
-        (KEYS.partition("a", 0), 40),
+    assert [(c.key, c.mod_revision, c.value) for c in txn.compares] == [
+        (KEYS.topic("a"), 3, None),
+        (KEYS.partition("a", 0), 40, None),
+        (KEYS.leader("a", 0), None, records.encode(leader(2))),  # the fence
     ]
     assert [p.key for p in txn.puts] == [
         KEYS.wal_object(f"1/0123456789abcdef/{7:010d}"),
@@ -102,18 +125,23 @@ def test_a_partition_commits_with_its_record_and_the_wal_record() -> None:
     assert records.decode_wal(txn.puts[0].value) == commit.wal
     written = records.decode_partition(txn.puts[1].value)
     assert written == PartitionRecord(
-        TOPIC_IDS["a"], 25, 4, {9: (0, 1, [(0, 0, 20, 24)])}, owner=1, leader_epoch=2
-    )
+        TOPIC_IDS["a"],
+        25,
+        4,
+        {9: (0, 1, [(0, 0, 20, 24)])},
+        owner=1,
+        leader_epoch=2,
+        wal_committed=True,
+    )  # owner, epoch (and epoch history) as the claim left them
     assert txn.partitions == {("a", 0): written}
     assert records.decode_segment(txn.puts[3].value) == commit.chunks[1].chunk
     assert (txn.chunks, txn.holds_wal, plan.oversized) == ([0, 1], True, [])
 
 
-def test_a_new_partition_compares_absent() -> None:
+def test_a_partition_never_claimed_is_fenced() -> None:
     plan = plan_commit(request([chunk("b", 3, 0, 4)]), state(), LIMITS, KEYS)
-    assert outcomes(plan) == [(Outcome.COMMIT, 5)]
-    assert plan.transactions[0].compares[1].mod_revision == 0
-    assert records.decode_partition(plan.transactions[0].puts[1].value).log_start_offset == 0
+    assert outcomes(plan) == [(Outcome.REFUSED, 0)]
+    assert "does not own b/3" in (plan.verdicts[0].error or "")
 
 
 def test_entries_below_the_high_watermark_are_answered_committed() -> None:
@@ -140,7 +168,7 @@ def test_a_gap_or_an_overlap_is_refused_with_everything_after_it() -> None:
 
 def test_chunks_are_taken_in_offset_order_and_verdicts_in_request_order() -> None:
     commit = request([chunk("b", 0, 5, 9), chunk("a", 0, 0, 4), chunk("b", 0, 0, 4)])
-    plan = plan_commit(commit, state(), LIMITS, KEYS)
+    plan = plan_commit(commit, state(claimed(commit)), LIMITS, KEYS)
     assert outcomes(plan) == [(Outcome.COMMIT, 10), (Outcome.COMMIT, 5), (Outcome.COMMIT, 10)]
     assert plan.transactions[0].chunks == [1, 2, 0]
 
@@ -158,53 +186,71 @@ def test_a_deleted_or_recreated_topic_is_gone() -> None:
 
 
 def test_a_partition_the_topic_does_not_have_is_refused() -> None:
-    current = state(topics={"a": topic("a", partitions=2)})
-    plan = plan_commit(request([chunk("a", 2, 0, 4)]), current, LIMITS, KEYS)
+    commit = request([chunk("a", 2, 0, 4)])
+    current = state(claimed(commit), topics={"a": topic("a", partitions=2)})
+    plan = plan_commit(commit, current, LIMITS, KEYS)
     assert outcomes(plan) == [(Outcome.REFUSED, 0)]
     assert "no partition 2" in (plan.verdicts[0].error or "")
 
 
-def test_another_owner_or_a_later_epoch_is_fenced() -> None:
-    chunks = [chunk("a", 0, 10, 19)]
+def test_only_our_leader_record_at_the_records_epoch_commits() -> None:
+    chunks = [chunk("a", 0, 10, 19, epoch=2)]
+    ours = {("a", 0): leader(2)}
     cases = {
-        (2, 0): (Outcome.REFUSED, 10),  # owned by broker 2
-        (1, 3): (Outcome.REFUSED, 10),  # epoch 3 > the commit's 2
-        (-1, 0): (Outcome.COMMIT, 20),  # nobody owns it yet
         (1, 2): (Outcome.COMMIT, 20),
-        (1, 1): (Outcome.COMMIT, 20),
+        (2, 3): (Outcome.REFUSED, 10),  # broker 2 claimed it since
+        (1, 3): (Outcome.REFUSED, 10),  # we claimed it again since: another epoch
+        (-1, 0): (Outcome.REFUSED, 10),  # nobody claimed it
     }
     for (owner, epoch), expected in cases.items():
-        current = state({("a", 0): at("a", 10, owner=owner, leader_epoch=epoch)})
-        plan = plan_commit(request(chunks, owner=1, epoch=2), current, LIMITS, KEYS)
+        record = {("a", 0): Stored(at("a", 10, owner=owner, leader_epoch=epoch), 40)}
+        current = CommitState(state().topics, record, ours)
+        plan = plan_commit(request(chunks), current, LIMITS, KEYS)
         assert outcomes(plan) == [expected], (owner, epoch)
         if expected[0] is Outcome.REFUSED:
             assert (plan.verdicts[0].error or "").startswith("fenced")
-    # what an earlier attempt committed is still answered committed
+    # the record says we own it, but we hold no leader record for it (our lease is gone)
+    record = {("a", 0): Stored(at("a", 10, leader_epoch=2), 40)}
+    not_ours = plan_commit(request(chunks), CommitState(state().topics, record, {}), LIMITS, KEYS)
+    assert outcomes(not_ours) == [(Outcome.REFUSED, 10)]
+
+
+def test_a_chunk_appended_at_another_epoch_is_fenced() -> None:
+    current = state({("a", 0): at("a", 10, leader_epoch=2)})
+    stale = plan_commit(request([chunk("a", 0, 10, 19, epoch=1)]), current, LIMITS, KEYS)
+    assert outcomes(stale) == [(Outcome.REFUSED, 10)]
+    assert "appended at leader epoch 1" in (stale.verdicts[0].error or "")
+    recovered = request([chunk("a", 0, 10, 19, epoch=ANY_EPOCH)])
+    assert outcomes(plan_commit(recovered, current, LIMITS, KEYS)) == [(Outcome.COMMIT, 20)]
+
+
+def test_what_an_earlier_attempt_committed_is_answered_committed_even_if_fenced_now() -> None:
     current = state({("a", 0): at("a", 20, owner=2)})
-    assert outcomes(plan_commit(request(chunks), current, LIMITS, KEYS)) == [
+    assert outcomes(plan_commit(request([chunk("a", 0, 10, 19)]), current, LIMITS, KEYS)) == [
         (Outcome.COMMITTED, 20)
     ]
 
 
 def test_300_partitions_split_at_max_ops() -> None:
     commit = request([chunk("a", p, 0, 9) for p in range(300)])
-    plan = plan_commit(commit, state(), LIMITS, KEYS)
-    # puts: the WalRecord + 2 per partition (63 in the first), then 2 per partition (64)
-    assert [len(txn.partitions) for txn in plan.transactions] == [63, 64, 64, 64, 45]
-    assert len(plan.transactions) == 1 + math.ceil((300 - 63) / 64)
-    assert max(txn.ops for txn in plan.transactions) == 128
+    plan = plan_commit(commit, state(claimed(commit)), LIMITS, KEYS)
+    # puts: the WalRecord + 2 per partition (63 in the first), then 2 per partition (64);
+    # compares: the topic + 2 per partition (record, leader key), at most 127
+    assert [len(txn.partitions) for txn in plan.transactions] == [63, 63, 63, 63, 48]
+    assert len(plan.transactions) == 1 + math.ceil((300 - 63) / 63)
+    assert max(txn.ops for txn in plan.transactions) == 127
     assert [txn.holds_wal for txn in plan.transactions] == [True] + [False] * 4
     # each transaction compares the topic record once
     for txn in plan.transactions:
         assert [c.key for c in txn.compares].count(KEYS.topic("a")) == 1
-    without_wal = plan_commit(commit, state(), LIMITS, KEYS, include_wal=False)
-    assert [len(txn.partitions) for txn in without_wal.transactions] == [64, 64, 64, 64, 44]
+    without_wal = plan_commit(commit, state(claimed(commit)), LIMITS, KEYS, include_wal=False)
+    assert [len(txn.partitions) for txn in without_wal.transactions] == [63, 63, 63, 63, 48]
 
 
 def test_split_at_max_bytes() -> None:
     commit = request([chunk("a", p, 0, 9) for p in range(20)])
     limits = Limits(max_ops=128, max_bytes=4000)
-    plan = plan_commit(commit, state(), limits, KEYS)
+    plan = plan_commit(commit, state(claimed(commit)), limits, KEYS)
     assert len(plan.transactions) > 1
     assert all(txn.size <= 4000 for txn in plan.transactions)
     assert sum(len(txn.chunks) for txn in plan.transactions) == 20
@@ -213,7 +259,7 @@ def test_split_at_max_bytes() -> None:
 def test_a_partition_too_big_for_a_transaction_is_put_alone() -> None:
     big = [chunk("a", 1, base, base) for base in range(200)]
     commit = request([chunk("a", 0, 0, 0), *big, chunk("a", 2, 0, 0)])
-    plan = plan_commit(commit, state(), LIMITS, KEYS)
+    plan = plan_commit(commit, state(claimed(commit)), LIMITS, KEYS)
     assert [list(txn.partitions) for txn in plan.transactions] == [
         [("a", 0)],
         [("a", 1)],
@@ -242,7 +288,7 @@ def scenarios(draw: st.DrawFn) -> tuple[CommitObject, CommitState, Limits]:
         for p in draw(st.lists(st.integers(0, 5), unique=True, max_size=6)):
             hw = draw(st.integers(0, 30))
             if draw(st.booleans()) or hw:
-                partitions[(name, p)] = at(name, hw, owner=draw(st.sampled_from([-1, 1, 2])))
+                partitions[(name, p)] = at(name, hw, owner=draw(st.sampled_from([-1, 1, 1, 2])))
             base = draw(st.integers(0, 40))
             for _ in range(draw(st.integers(1, 12))):
                 last = base + draw(st.integers(0, 5))
@@ -275,7 +321,8 @@ def test_plan_properties(scenario: tuple[CommitObject, CommitState, Limits]) -> 
         within = txn.ops <= limits.max_ops and txn.size <= limits.max_bytes
         assert within or (len(txn.partitions) == 1 and set(txn.partitions) <= set(plan.oversized))
         assert len(txn.puts) == txn.holds_wal + len(txn.partitions) + len(txn.chunks)
-        assert len(txn.compares) == len(txn.partitions) + len({t for t, _ in txn.partitions})
+        topics_in = len({t for t, _ in txn.partitions})
+        assert len(txn.compares) == 2 * len(txn.partitions) + topics_in
     for index, verdict in enumerate(plan.verdicts):
         entry = commit.chunks[index]
         hw_now = current.partitions.get((entry.topic, entry.partition))

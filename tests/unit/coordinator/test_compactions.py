@@ -57,7 +57,9 @@ def chunks_committed(setup: Setup, count: int, objects: int = 1) -> None:
 
 def committer(setup: Setup) -> CompactionCommitter:
     partitions = setup.make(Limits(max_ops=128, max_bytes=1 << 20))
-    return CompactionCommitter(setup.store, "ns", partitions.high_watermark, setup.refs)
+    return CompactionCommitter(
+        setup.store, "ns", partitions.high_watermark, setup.leaders, setup.refs
+    )
 
 
 def test_1000_chunks_become_one_segment_in_one_transaction(setup: Setup) -> None:
@@ -66,7 +68,8 @@ def test_1000_chunks_become_one_segment_in_one_transaction(setup: Setup) -> None
     setup.store.transactions = []
     result = compactions.commit(compaction(setup, 0, 999))
     assert result == SegmentCommitted(committed=True, high_watermark=1000)
-    assert setup.store.transactions == [(2, 2)]  # two compares; a put and one range delete
+    # three compares (topic, first chunk, leader key); a put and one range delete
+    assert setup.store.transactions == [(3, 2)]
     assert entries(setup) == [(0, 999, False)]
     assert all(setup.refs.counts[object_key(seq)] == 0 for seq in range(4))
 
@@ -87,7 +90,7 @@ def test_a_middle_run_is_replaced_and_the_rest_kept(setup: Setup) -> None:
     # a single chunk: no range delete
     setup.store.transactions = []
     assert committer(setup).commit(compaction(setup, 8, 8)).committed
-    assert setup.store.transactions == [(2, 1)]
+    assert setup.store.transactions == [(3, 1)]  # topic, first chunk, leader key
 
 
 def test_refusals(setup: Setup) -> None:
@@ -105,7 +108,7 @@ def test_refusals(setup: Setup) -> None:
     assert compactions.commit(compaction(setup, 0, 4)).committed
     again = compactions.commit(compaction(setup, 0, 4))  # a retry after a lost answer
     assert not again.committed and "is a segment" in (again.error or "")
-    assert setup.store.transactions == [(2, 2)]
+    assert setup.store.transactions == [(3, 2)]
     setup.admin.delete(DeleteTopics(names=["t"]))
     gone = compactions.commit(compaction(setup, 5, 9))
     assert (gone.committed, gone.high_watermark) == (False, -1)
@@ -180,6 +183,7 @@ def test_runs_of_many_partitions_merge_into_one_object(setup: Setup) -> None:
         setup.store,
         "ns",
         partitions.high_watermark,
+        setup.leaders,
         setup.refs,
         Limits(max_ops=40, max_bytes=1 << 20),
     )
@@ -187,8 +191,9 @@ def test_runs_of_many_partitions_merge_into_one_object(setup: Setup) -> None:
     runs = [merge_run(setup, p, 0, 4) for p in range(100)]
     result = compactions.commit_merge(merge_request(runs))
     assert result.results == [SegmentCommitted(True, 10)] * 100
-    # the WalRecord alone, then 20 runs per transaction: 1 topic + 20 first-chunk compares, 40 ops
-    assert setup.store.transactions == [(1, 1)] + [(21, 40)] * 5
+    # the WalRecord alone, then 19 runs per transaction: 1 topic + 19 first-chunk and 19
+    # leader-key compares, 38 ops (a put and a range delete each)
+    assert setup.store.transactions == [(1, 1)] + [(39, 38)] * 5 + [(11, 10)]
     assert partition_entries(setup, 7) == [(0, 4, MERGED)] + [
         (b, b, object_key(1)) for b in range(5, 10)
     ]
@@ -256,3 +261,15 @@ def test_a_merged_chunk_needs_its_wal_record(setup: Setup) -> None:
     )
     assert not result.committed and "no WAL record" in (result.error or "")
     assert entries(setup) == [(b, b, True) for b in range(5)]
+
+
+def test_only_the_owner_compacts(setup: Setup) -> None:
+    chunks_committed(setup, 10)
+    compactions = committer(setup)
+    setup.leaders.lose("t", 0)  # another broker claimed it: our key is gone, we still think not
+    refused = compactions.commit(compaction(setup, 0, 9))
+    assert not refused.committed and "owner changed" in (refused.error or "")
+    setup.leaders.held.pop(("t", 0))  # and once we know
+    refused = compactions.commit(compaction(setup, 0, 9))
+    assert not refused.committed and (refused.error or "").startswith("fenced")
+    assert entries(setup) == [(b, b, True) for b in range(10)]

@@ -145,3 +145,16 @@ def test_leader_keys_parse_back():
     assert LeaderRecord(owner=1, epoch=2, lease=3, run_id="r") == records.decode_leader(
         records.encode(LeaderRecord(owner=1, epoch=2, lease=3, run_id="r"))
     )
+
+
+def test_a_record_committed_by_the_version_before_epochs_stays_marked_committed(store):
+    # That version set the owner only when it committed; claims set it now, so the claim
+    # carries the fact over (the loader skips its LIST for uncommitted legacy segments).
+    committed = PartitionRecord(topic_id=TOPIC.topic_id, high_watermark=7, owner=0)
+    store.put(KEYS.partition(TOPIC.name, 1), records.encode(committed))
+    claim(store, broker=3, partition=1)
+    assert partition_record(store, 1).wal_committed
+    never = PartitionRecord(topic_id=TOPIC.topic_id, high_watermark=7)  # owner -1: legacy only
+    store.put(KEYS.partition(TOPIC.name, 2), records.encode(never))
+    claim(store, broker=3, partition=2)
+    assert not partition_record(store, 2).wal_committed

@@ -28,6 +28,7 @@ from kafscale.metadata.store import (
 )
 from kafscale.storage import wal
 from kafscale.storage.local import LocalObjectStore
+from tests.unit.leaders import ClaimedLeaders
 
 KEYS = Keys("ns")
 
@@ -85,12 +86,15 @@ class Setup:
     refs: Refs
     topic_ids: dict[str, str]
     make: Callable[[Limits], PartitionCommitter]
+    leaders: ClaimedLeaders
 
     def create(self, name: str, partitions: int) -> None:
+        """Create the topic, and claim its partitions as this broker."""
         result = self.admin.create(CreateTopics([TopicSpec(name=name, partitions=partitions)]))
         topic_id = result.results[0].topic_id
         assert topic_id is not None
         self.topic_ids[name] = topic_id
+        self.leaders.claim(name, range(partitions))
 
     def partition(self, topic: str, partition: int) -> PartitionRecord:
         kv = self.store.store.get(KEYS.partition(topic, partition))
@@ -104,11 +108,12 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
     store = Recording(sqlite)
     admin = TopicAdmin(sqlite, LocalObjectStore(str(tmp_path / "objects")), "ns", 1)
     refs = Refs()
+    leaders = ClaimedLeaders(sqlite, "ns")
 
     def make(limits: Limits) -> PartitionCommitter:
-        return PartitionCommitter(store, "ns", limits, refs=refs)
+        return PartitionCommitter(store, "ns", leaders, limits, refs=refs)
 
-    ready = Setup(store, admin, refs, {}, make)
+    ready = Setup(store, admin, refs, {}, make, leaders)
     ready.create("t", 300)
     yield ready
     sqlite.close()
@@ -122,7 +127,6 @@ def commit_request(
     setup: Setup,
     seq: int,
     spans: Sequence[tuple[str, int, int, int]],
-    owner: int = 1,
 ) -> CommitObject:
     """An object holding a chunk per (topic, partition, base, last)."""
     key = object_key(seq)
@@ -137,7 +141,7 @@ def commit_request(
         for n, (topic, partition, base, last) in enumerate(spans)
     ]
     entries = [(topic, partition, base) for topic, partition, base, _ in spans]
-    return CommitObject(WalRecord(key, 5000, 1, 1, entries), chunks, owner=owner)
+    return CommitObject(WalRecord(key, 5000, 1, 1, entries), chunks)
 
 
 def summary(results: Sequence[ChunkCommitted]) -> Counter[tuple[bool, int, bool]]:
@@ -152,12 +156,20 @@ def test_300_partitions_then_a_second_object(setup: Setup) -> None:
     first = commit_request(setup, 0, [("t", p, 0, 9) for p in range(300)])
     result = committer.commit_object(first)
     assert summary(result.results) == {(True, 10, False): 300}
-    assert len(setup.store.transactions) == 1 + math.ceil((300 - 63) / 64)
+    # 63 partitions a transaction: 2 compares each (record, leader key) + the topic's
+    assert len(setup.store.transactions) == 1 + math.ceil((300 - 63) / 63)
     assert all(max(ops) <= 128 for ops in setup.store.transactions)
     stored = setup.store.store.get(wal_record_key(KEYS, first.wal.key))
     assert stored is not None and records.decode_wal(stored.value) == first.wal
     assert setup.partition("t", 299) == PartitionRecord(
-        setup.topic_ids["t"], 10, 0, {5: (0, 0, [(0, 0, 0, 9)])}, owner=1, leader_epoch=0
+        setup.topic_ids["t"],
+        10,
+        0,
+        {5: (0, 0, [(0, 0, 0, 9)])},
+        owner=1,
+        leader_epoch=0,
+        epochs=[(0, 0)],
+        wal_committed=True,
     )
     assert setup.refs.counts == {first.wal.key: 300}
     assert committer.high_watermarks[("t", 17)] == 10
@@ -243,6 +255,18 @@ def test_another_owner_fences_the_commit(setup: Setup) -> None:
     results = committer.commit_object(commit_request(setup, 1, [("t", 0, 10, 19)])).results
     assert [(r.committed, r.high_watermark) for r in results] == [(False, 10)]
     assert (results[0].error or "").startswith("fenced")
+
+
+def test_a_lost_leader_key_fences_the_commit_and_tells_the_driver(setup: Setup) -> None:
+    committer = setup.make(LIMITS)
+    committer.commit_object(commit_request(setup, 0, [("t", 0, 0, 9), ("t", 1, 0, 9)]))
+    setup.leaders.lose("t", 0)  # our lease on it ran out; the records are unchanged
+    results = committer.commit_object(
+        commit_request(setup, 1, [("t", 0, 10, 19), ("t", 1, 10, 19)])
+    ).results
+    assert [(r.committed, r.high_watermark) for r in results] == [(False, 10), (True, 20)]
+    assert setup.leaders.fences == [("t", 0, 0)]
+    assert setup.partition("t", 0).high_watermark == 10
 
 
 def test_the_wal_record_moves_to_the_next_transaction_when_the_first_fails(setup: Setup) -> None:

@@ -13,6 +13,7 @@ from kafscale.metadata import records
 from kafscale.metadata.records import Keys, SegmentRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore
 from kafscale.storage.local import LocalObjectStore
+from tests.unit.leaders import ClaimedLeaders
 
 
 @pytest.fixture
@@ -22,7 +23,9 @@ def setup(tmp_path: Path) -> Iterator[tuple[TopicAdmin, PartitionCommitter, str]
     created = admin.create(CreateTopics(topics=[TopicSpec(name="t", partitions=2)]))
     topic_id = created.results[0].topic_id
     assert topic_id is not None
-    yield admin, PartitionCommitter(store, "ns"), topic_id
+    leaders = ClaimedLeaders(store, "ns")
+    leaders.claim("t", [0, 1])
+    yield admin, PartitionCommitter(store, "ns", leaders), topic_id
     store.close()
 
 
@@ -53,6 +56,18 @@ def commit(
     return reply.committed, reply.high_watermark
 
 
+def test_only_the_owner_commits_a_segment(
+    setup: tuple[TopicAdmin, PartitionCommitter, str],
+) -> None:
+    _, committer, topic_id = setup
+    assert isinstance(committer.leaders, ClaimedLeaders)
+    committer.leaders.lose("t", 0)  # the key is gone: the fence fails the transaction
+    assert commit(committer, topic_id, 0, 9) == (False, 0)
+    committer.leaders.held.pop(("t", 0))
+    reply = committer.commit(CommitSegment("t", topic_id, 0, segment(0, 9), producers={}))
+    assert not reply.committed and (reply.error or "").startswith("fenced")
+
+
 def test_commits_are_contiguous(setup: tuple[TopicAdmin, PartitionCommitter, str]) -> None:
     admin, committer, topic_id = setup
     assert commit(committer, topic_id, 0, 9) == (True, 10)
@@ -80,9 +95,12 @@ def test_commit_to_a_deleted_or_recreated_topic_is_refused(
     keys = Keys("ns")
     assert admin.store.get_prefix(keys.topic_partitions("t")) == []
     assert admin.store.get_prefix(keys.topic_segments("t")) == []
+    assert admin.store.get_prefix(keys.topic_leaders("t")) == []  # the name is free to claim
     committed, _ = commit(committer, topic_id, 5, 9)
     assert not committed
     new_id = admin.create(CreateTopics(topics=[TopicSpec(name="t", partitions=1)])).results[0]
     assert new_id.topic_id is not None
+    assert isinstance(committer.leaders, ClaimedLeaders)
+    committer.leaders.claim("t", [0])
     assert not commit(committer, topic_id, 0, 4)[0]  # the old incarnation's flush
     assert commit(committer, new_id.topic_id, 0, 4) == (True, 5)

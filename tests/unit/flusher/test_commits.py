@@ -46,7 +46,6 @@ def built() -> BuiltObject:
 
 def test_the_request_names_each_chunk_and_the_wal_record() -> None:
     request = commits.commit_request(built(), broker_id=3)
-    assert request.owner == 3 and request.leader_epoch == 0
     assert request.wal.key == KEY and request.wal.size == 400 and request.wal.created_ms == 77
     assert request.wal.broker_id == 3
     assert request.wal.entries == [("t", 0, 0), ("t", 1, 10)]

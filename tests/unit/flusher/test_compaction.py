@@ -33,6 +33,7 @@ from kafscale.storage import segment as segments
 from kafscale.storage import wal
 from kafscale.storage.local import LocalObjectStore
 from kafscale.storage.objects import ObjectNotFound
+from tests.unit.leaders import ClaimedLeaders
 
 TOKEN = "0123456789abcdef"
 KEYS = Keys("ns")
@@ -73,8 +74,12 @@ class World:
         topic_id = created.results[0].topic_id
         assert topic_id is not None
         self.topic_id = topic_id
-        self.partitions = PartitionCommitter(self.store, "ns")
-        self.compactions = CompactionCommitter(self.store, "ns", self.partitions.high_watermark)
+        self.leaders = ClaimedLeaders(self.store, "ns")
+        self.leaders.claim("t", [0, 1])
+        self.partitions = PartitionCommitter(self.store, "ns", self.leaders)
+        self.compactions = CompactionCommitter(
+            self.store, "ns", self.partitions.high_watermark, self.leaders
+        )
         self.next_offset = {0: 0, 1: 0}
         self.batches: dict[int, list[bytes]] = {0: [], 1: []}
         self.seq = 0
@@ -150,7 +155,6 @@ class World:
                 ObjectChunk("t", self.topic_id, e.partition, chunk, {})
                 for e, chunk in zip(entries, chunks, strict=True)
             ],
-            owner=1,
         )
         assert all(result.committed for result in self.partitions.commit_object(request).results)
         if to is not None:

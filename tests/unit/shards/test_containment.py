@@ -24,6 +24,7 @@ from kafscale.shards.process import Shard
 from kafscale.storage.local import LocalObjectStore
 from kafscale.supervisor.child import ChildContext
 from tests.harness.procs import wait_until
+from tests.unit.shards.owning import own
 
 TOPIC, TOPIC_ID = "events", str(uuid.UUID(int=3))
 
@@ -32,6 +33,9 @@ class Rig:
     def __init__(self, tmp_path: Path) -> None:
         env = {"KAFSCALE_DATA_DIR": str(tmp_path), "KAFSCALE_SHARDS": "1"}
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+        lease = self.store.grant_lease(600)  # the broker lease, as the supervisor holds it
+        own(self.store, TOPIC, range(8), lease.id)
         self.ctx = ChildContext(
             config=configuration.load(env),
             role="shard",
@@ -39,8 +43,8 @@ class Rig:
             runtime_dir=str(tmp_path),
             run_id=uuid.uuid4().hex[:12],
             zmq_context=self.context,
+            lease_id=lease.id,
         )
-        self.store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
         self.shard = Shard(self.ctx, self.store, LocalObjectStore(str(tmp_path / "objects")))
         self.client = self.context.socket(zmq.DEALER)
         self.client.connect(self.ctx.address())

@@ -23,6 +23,7 @@ from kafscale.protocol.errors import ErrorCode
 from kafscale.shards.process import Shard, now_ms
 from kafscale.storage.local import LocalObjectStore
 from kafscale.supervisor.child import ChildContext
+from tests.unit.shards.owning import own
 
 TOPIC, TOPIC_ID = "events", str(uuid.UUID(int=5))
 
@@ -31,6 +32,11 @@ class Rig:
     def __init__(self, tmp_path: Path) -> None:
         env = {"KAFSCALE_DATA_DIR": str(tmp_path), "KAFSCALE_SHARDS": "1"}
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.notices = self.context.socket(zmq.ROUTER)  # the flusher's own endpoint
+        self.notices.bind(endpoints.address(str(tmp_path), "flusher"))
+        self.store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+        lease = self.store.grant_lease(600)  # the broker lease, as the supervisor holds it
+        own(self.store, TOPIC, range(8), lease.id)
         self.ctx = ChildContext(
             config=configuration.load(env),
             role="shard",
@@ -38,10 +44,8 @@ class Rig:
             runtime_dir=str(tmp_path),
             run_id=uuid.uuid4().hex[:12],
             zmq_context=self.context,
+            lease_id=lease.id,
         )
-        self.notices = self.context.socket(zmq.ROUTER)  # the flusher's own endpoint
-        self.notices.bind(endpoints.address(str(tmp_path), "flusher"))
-        self.store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
         self.shard = Shard(self.ctx, self.store, LocalObjectStore(str(tmp_path / "objects")))
         self.frontend = self._dealer()
         self.flusher = self._dealer()

@@ -26,6 +26,7 @@ from kafscale.shards.loading import PartitionLoader
 from kafscale.storage import segment as segments
 from kafscale.storage.local import LocalObjectStore
 from kafscale.storage.objects import ObjectInfo
+from tests.unit.leaders import ClaimedLeaders
 
 T0 = 1_700_000_000_000
 LEGACY, LEGACY_ID = "legacy", str(uuid.UUID(int=15))
@@ -67,7 +68,8 @@ class Rig:
         self.store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
         self.objects = CountingObjectStore(str(tmp_path / "objects"))
         self.admin = TopicAdmin(self.store, self.objects, self.namespace, 1)
-        coordinator = Coordinator(PartitionCommitter(self.store, self.namespace))
+        self.leaders = ClaimedLeaders(self.store, self.namespace, broker=0)
+        coordinator = Coordinator(PartitionCommitter(self.store, self.namespace, self.leaders))
         self.loader = PartitionLoader(
             self.config, self.store, self.objects, coordinator, uuid.uuid4().hex[:12], 0
         )
@@ -94,6 +96,7 @@ class Rig:
         if owner is not None:
             partition |= {"owner": owner, "leader_epoch": 0}
         self.store.put(self.keys.partition(LEGACY, 0), json.dumps(partition).encode())
+        self.leaders.claim(LEGACY, [0])  # as this version's broker does before it loads
         batch = records.build_batch(
             [(None, b"uncommitted-%d" % i, (), T0) for i in range(3)], base_offset=high_watermark
         )

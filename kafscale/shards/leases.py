@@ -1,0 +1,81 @@
+"""Which partitions this shard may serve, from the leader keys (docs/design/scale-out.md, 5-6).
+
+The coordinator claims and releases partitions; the shard follows the result, not the
+coordinator's messages: its own watched view of ``leaders/`` says which partitions this broker
+owns and at which leader epoch. A partition is this shard's to serve when its leader key names
+this broker on this broker's lease; appends are taken at that key's epoch. Following the keys
+rather than notices means a respawned shard, or one whose coordinator was respawned, needs no
+message it may have missed.
+
+- ``epoch`` is None for a partition we do not own: appends, fetches and offset queries get
+  ``NOT_LEADER_OR_FOLLOWER`` (raised as ``NotLeader``).
+- ``sealing`` holds the partitions the coordinator is handing over (``SealPartition``): appends
+  are refused while the shard commits what it holds, then the partition is unloaded and
+  ``PartitionSealed`` answers.
+- ``lost`` lists the loaded partitions that the view no longer shows as ours at the epoch they
+  were loaded at: the shard closes them (drops their buffers, fails their waiters). A commit the
+  coordinator fenced comes to the same end, sooner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from kafscale.metadata.records import Keys
+from kafscale.metadata.store import MetadataStore
+from kafscale.metadata.view import MetadataView
+
+Key = tuple[str, int]
+
+
+class NotLeader(Exception):
+    """This broker does not own the partition (or is handing it over)."""
+
+
+class ShardLeases:
+    def __init__(self, store: MetadataStore, namespace: str, me: int, lease: int) -> None:
+        self.me, self.lease = me, lease
+        self.view = MetadataView(store, namespace, prefix=Keys(namespace).leaders)
+        self.sealing: dict[Key, int] = {}  # partition -> the epoch being handed over
+        self._seen_revision = -1
+
+    def start(self) -> None:
+        self.view.start()
+
+    def stop(self) -> None:
+        self.view.stop()
+
+    def epoch(self, topic: str, partition: int) -> int | None:
+        """Our leader epoch of the partition, or None if it is not ours."""
+        leader = self.view.snapshot.leaders.get((topic, partition))
+        if leader is None or leader.owner != self.me or leader.lease != self.lease:
+            return None
+        return leader.epoch
+
+    def require(self, topic: str, partition: int) -> int:
+        """Our epoch of the partition; ``NotLeader`` if it is not ours."""
+        epoch = self.epoch(topic, partition)
+        if epoch is None:
+            raise NotLeader(f"this broker does not own {topic}/{partition}")
+        return epoch
+
+    def require_writable(self, topic: str, partition: int) -> int:
+        """As ``require``, and not being handed over."""
+        epoch = self.require(topic, partition)
+        if self.sealing.get((topic, partition)) == epoch:
+            raise NotLeader(f"{topic}/{partition} is being handed over to another broker")
+        return epoch
+
+    def changed(self) -> bool:
+        """Whether the view moved since the last call."""
+        revision = self.view.snapshot.revision
+        moved, self._seen_revision = revision != self._seen_revision, revision
+        return moved
+
+    def lost(self, loaded: Mapping[Key, int]) -> list[Key]:
+        """The partitions of ``loaded`` (key -> epoch loaded at) no longer ours at that epoch."""
+        return [key for key, epoch in loaded.items() if self.epoch(*key) != epoch]
+
+    def forget(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self.sealing.pop(key, None)
