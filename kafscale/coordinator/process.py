@@ -1,9 +1,11 @@
-"""The coordinator process: the single writer of the cluster's metadata.
+"""The coordinator process: this broker's one writer of metadata.
 
-It owns the cluster id, the topics (creation, deletion and the
-removal of a deleted topic's objects), partition commits, producer ids, and the consumer groups
-with their committed offsets. Other processes never write metadata: they read the watched view
-(``kafscale.metadata.view``) or ask the coordinator.
+It owns the cluster id, this broker's partitions (``owners``: claims, hand-overs, the fence of
+every commit), the topics (creation, deletion and the removal of a deleted topic's objects),
+partition commits, producer ids, and the consumer groups with their committed offsets; and, on
+the broker elected for them (``chores``), retention, the garbage collection of write-ahead
+objects and etcd's history compaction. Other processes of the broker never write metadata: they
+read a watched view (``kafscale.metadata.view``) or ask the coordinator.
 
 A request whose handler fails -- the metadata store or S3 unreachable, or a bug one request
 triggers -- is answered with ``ErrorReply`` (``contained``); the coordinator never exits for it.
@@ -25,6 +27,7 @@ from kafscale.storage.objects import ObjectStoreUnavailable
 from kafscale.supervisor.child import ChildContext
 
 from .admin import TopicAdmin
+from .chores import Chores
 from .commit_plan import Limits
 from .compactions import CompactionCommitter
 from .configs import ConfigAdmin
@@ -52,11 +55,11 @@ def run(ctx: ChildContext) -> None:
         store.check()
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
+        # The references follow the store (other brokers commit and compact too), so nothing
+        # below reports them: committers, retention and deletions are given no ``refs``.
         refs = WalReferences(store, objects, keys)
-        refs.load()
-        admin = TopicAdmin(
-            store, objects, config.s3_namespace, config.auto_create_partitions, refs=refs
-        )
+        refs.follow(refs.load())
+        admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
         admin.resume_deletions()
         limits = Limits(config.metadata_max_txn_ops, config.metadata_max_txn_bytes)
         owners = Owners(
@@ -72,9 +75,9 @@ def run(ctx: ChildContext) -> None:
             ctx.runtime_dir,
             config.shards,
         )
-        committer = PartitionCommitter(store, config.s3_namespace, owners, limits, refs=refs)
+        committer = PartitionCommitter(store, config.s3_namespace, owners, limits)
         compactions = CompactionCommitter(
-            store, config.s3_namespace, committer.high_watermark, owners, refs=refs, limits=limits
+            store, config.s3_namespace, committer.high_watermark, owners, limits=limits
         )
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
@@ -94,19 +97,20 @@ def run(ctx: ChildContext) -> None:
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()
 
-        retention = RetentionCleaner(
-            config, store, objects, ctx.zmq_context, ctx.runtime_dir, refs=refs
-        )
-
+        retention = RetentionCleaner(config, store, objects, ctx.zmq_context, ctx.runtime_dir)
         history = HistoryCompactor(store, config.metadata_compaction_interval_ms)
+        chores = Chores(store, keys, config.broker_id, ctx.lease_id, ctx.run_id)
 
         def on_idle() -> None:
             groups.tick()
-            retention.maybe_run()
-            now_ms = time.monotonic_ns() // 1_000_000
             owners.tick(_now_ms())
-            refs.sweep(now_ms)
-            history.maybe_run(now_ms)
+            now_ms = time.monotonic_ns() // 1_000_000
+            if chores.held(now_ms):
+                retention.maybe_run()
+                refs.sweep(now_ms)
+                history.maybe_run(now_ms)
+            else:
+                refs.apply()
 
         try:
             serve_until(
@@ -131,6 +135,7 @@ def run(ctx: ChildContext) -> None:
                 idle_ms=TICK_MS,
             )
         finally:
+            refs.stop()
             owners.close()
             retention.close()
             server.close()

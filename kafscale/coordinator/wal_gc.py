@@ -2,15 +2,19 @@
 
 A write-ahead object holds chunks of many partitions; each committed chunk is a ``SegmentRecord``
 naming the object. The coordinator counts, per object that has a ``WalRecord``, the records that
-still reference it. Only the coordinator writes those records, so the count is exact: rebuilt at
-boot (``load``) and kept up to date by whoever adds or removes references on its behalf (the
-object committer, compaction, retention, topic deletion call ``added``/``removed``).
+still reference it. Several brokers add and remove those records (each commits, compacts and
+merges the partitions it owns; retention and topic deletion run on the chores broker), so the
+counts follow the store, not this process: rebuilt at boot (``load``, which returns the revision
+it read at) and kept exact by a watch on ``segments/`` and ``wal/`` from that revision
+(``follow``), which knows each chunk record's object, so a record replaced or deleted takes its
+reference away (``added``/``removed`` are the counting steps, without I/O). Events replayed from
+before a read change nothing: a put of what was read removes and adds the same reference.
 
 An object whose count is 0 is deleted ``WAL_GC_GRACE_MS`` after ``sweep`` first saw it so (a read
-that found its chunk just before has that long to finish), then its ``WalRecord``. ``sweep`` runs
-from the coordinator's idle loop and does bounded work per call: at most ``SWEEP_LIMIT`` objects,
-one DeleteObjects request and one metadata transaction. A failed delete is retried after
-``RETRY_MS``; the object stays counted at 0 meanwhile.
+that found its chunk just before has that long to finish), then its ``WalRecord``. Only the
+broker holding the chores (``coordinator.chores``) sweeps. ``sweep`` does bounded work per call:
+at most ``SWEEP_LIMIT`` objects, one DeleteObjects request and one metadata transaction. A failed
+delete is retried after ``RETRY_MS``; the object stays counted at 0 meanwhile.
 
 Containment: a ``WalRecord`` that does not decode names no object we could delete: it is left
 alone. A segment record that does not decode might reference any object its partition's entries
@@ -20,6 +24,7 @@ logged once and counted in ``kafscale_read_faults_total{path="wal_gc"}``.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections import defaultdict
 
@@ -28,7 +33,14 @@ import msgspec
 from kafscale import metrics
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys
-from kafscale.metadata.store import Delete, MetadataStore, MetadataStoreError
+from kafscale.metadata.store import (
+    Delete,
+    EventType,
+    MetadataStore,
+    MetadataStoreError,
+    Watch,
+    WatchEvent,
+)
 from kafscale.storage import wal
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
@@ -62,6 +74,9 @@ class WalReferences:
         self._since: dict[str, int] = {}  # at 0 since (ms, the sweep that saw it), oldest first
         self._retry_at = 0
         self._faults = FaultLog(log, "wal_gc", metrics.READ_FAULTS.labels("wal_gc").inc)
+        self._objects_of: dict[str, str] = {}  # chunk record key -> the object it references
+        self._events: collections.deque[WatchEvent] = collections.deque()  # from the watches
+        self._watches: list[Watch] = []
 
     # -- counting (no I/O) ----------------------------------------------------------------------
 
@@ -116,9 +131,11 @@ class WalReferences:
 
     # -- I/O ------------------------------------------------------------------------------------
 
-    def load(self) -> None:
+    def load(self) -> int:
         """Rebuild the counts from the store: every WalRecord, and the segment lists of the
-        partitions their entries name (each partition read once)."""
+        partitions their entries name (each partition read once). Returns the revision the
+        reads started at (``follow`` from there)."""
+        revision = self.store.revision()
         record_keys: dict[str, str] = {}
         named: dict[tuple[str, int], set[str]] = defaultdict(set)
         for kv in self.store.get_prefix(self.keys.wal_objects):
@@ -132,6 +149,7 @@ class WalReferences:
                 named[(topic, partition)].add(record.key)
         counts = dict.fromkeys(record_keys, 0)
         pinned: set[str] = set()
+        objects_of: dict[str, str] = {}
         for (topic, partition), named_objects in named.items():
             for kv in self.store.get_prefix(self.keys.segments(topic, partition)):
                 try:
@@ -142,7 +160,9 @@ class WalReferences:
                     continue
                 if segment.object in counts:
                     counts[segment.object] += 1
+                    objects_of[kv.key] = segment.object
         self._counts = counts
+        self._objects_of = objects_of
         self._record_keys = record_keys
         self._pinned = pinned
         self._since = {}
@@ -151,10 +171,70 @@ class WalReferences:
             "WAL object references loaded",
             extra={"objects": len(counts), "unreferenced": len(self._fresh), "pinned": len(pinned)},
         )
+        return revision
+
+    def follow(self, revision: int) -> None:
+        """Keep the counts exact from ``revision`` on: watch every chunk record and WalRecord
+        (applied on the caller's thread, at the next ``sweep`` or ``apply``)."""
+        for prefix in (self.keys.wal_objects, self.keys.root + "segments/"):
+            self._watches.append(
+                self.store.watch_prefix(
+                    prefix, self._events.append, start_revision=revision, on_error=self._lost
+                )
+            )
+
+    def _lost(self, error: MetadataStoreError) -> None:
+        # The watch ended (its history was compacted while it lagged): counts may be stale
+        # from here, so nothing is deleted until the coordinator restarts and loads again.
+        log.error("WAL references watch ended: no more deletions", extra={"error": str(error)})
+        self._retry_at = 2**62
+
+    def stop(self) -> None:
+        for watch in self._watches:
+            watch.cancel()
+        self._watches = []
+
+    def apply(self) -> None:
+        """Count what the watches delivered since the last call."""
+        while self._events:
+            event = self._events.popleft()
+            if event.key.startswith(self.keys.wal_objects):
+                self._wal_event(event)
+            else:
+                self._segment_event(event)
+
+    def _wal_event(self, event: WatchEvent) -> None:
+        if event.type is not EventType.PUT:
+            return  # deleted by a sweep (ours, or a previous chores broker's)
+        try:
+            record = records.decode_wal(event.value)
+        except UNDECODABLE as exc:
+            self._faults.report(event.key, f"WAL record does not decode: {exc}")
+            return
+        if record.key not in self._counts:
+            self._record_keys[record.key] = event.key
+            self.added(record.key, 0)
+
+    def _segment_event(self, event: WatchEvent) -> None:
+        previous = self._objects_of.pop(event.key, None)
+        if event.type is EventType.PUT:
+            try:
+                segment = records.decode_segment(event.value)
+            except UNDECODABLE as exc:
+                self._faults.report(event.key, f"segment record does not decode: {exc}")
+                if previous is not None:
+                    self._pinned.add(previous)
+                return
+            if segment.object:
+                self._objects_of[event.key] = segment.object
+                self.added(segment.object, 1)
+        if previous is not None:
+            self.removed(previous, 1)
 
     def sweep(self, now_ms: int) -> int:
         """Delete the objects at 0 for the grace period (bounded work), then their WalRecords;
         returns how many were deleted."""
+        self.apply()
         if now_ms < self._retry_at:
             return 0
         doomed = self.due(now_ms)

@@ -3,6 +3,7 @@ and sweeping unreferenced objects after the grace period (SQLite store, local ob
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -208,3 +209,55 @@ def test_a_failed_delete_is_retried_later(stores: Stores) -> None:
     assert refs.sweep(GRACE + RETRY_MS - 1) == 0  # backing off
     assert refs.sweep(GRACE + RETRY_MS) == 1
     assert not stores.exists(key(1))
+
+
+# -- following the store (references added and removed by other brokers) --------------------
+
+
+def settled(refs: WalReferences, stores: Stores, wanted: dict[str, int]) -> None:
+    """Apply the watched events until the counts are ``wanted`` (the watch delivers on its own
+    thread; nothing is counted until ``apply``)."""
+    deadline = time.monotonic() + 10
+    while True:
+        refs.apply()
+        if {k: refs.count(k) for k in wanted} == wanted or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert {k: refs.count(k) for k in wanted} == wanted
+
+
+def test_counts_follow_commits_compactions_and_deletions_made_elsewhere(stores: Stores) -> None:
+    stores.commit(key(1), [("t", 0, 0), ("t", 0, 10), ("t", 1, 0)])
+    refs = stores.refs()
+    refs.follow(refs.load())
+    try:
+        # another broker commits a new object after our load
+        stores.commit(key(2), [("t", 2, 0), ("t", 2, 10)])
+        settled(refs, stores, {key(1): 3, key(2): 2})
+        # ... compacts t/0's two chunks of key(1) into a spec segment (first key replaced,
+        # the second deleted), and retention deletes t/2's first chunk of key(2)
+        spec = SegmentRecord(0, 19, 4096, 28, 20, 0, 0)
+        stores.store.put(stores.keys.segment("t", 0, 0), records.encode(spec))
+        stores.store.delete(stores.keys.segment("t", 0, 10))
+        stores.store.delete(stores.keys.segment("t", 2, 0))
+        settled(refs, stores, {key(1): 1, key(2): 1})
+        stores.store.delete(stores.keys.segment("t", 1, 0))
+        settled(refs, stores, {key(1): 0, key(2): 1})
+        assert refs.sweep(0) == 0  # the grace starts
+        assert refs.sweep(GRACE) == 1
+        assert not stores.exists(key(1)) and stores.exists(key(2))
+    finally:
+        refs.stop()
+
+
+def test_a_replayed_event_changes_nothing(stores: Stores) -> None:
+    before = stores.store.revision()
+    stores.commit(key(1), [("t", 0, 0), ("t", 0, 10)])  # read by load and replayed by the watch
+    refs = stores.refs()
+    refs.load()
+    refs.follow(before)
+    try:
+        stores.commit(key(2), [("t", 1, 0)])
+        settled(refs, stores, {key(1): 2, key(2): 1})
+    finally:
+        refs.stop()
