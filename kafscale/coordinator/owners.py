@@ -12,7 +12,10 @@ docs/design/scale-out.md, section 5. ``OwnerState`` (pure) decides; this module 
   ``RESEAL_MS`` until ``PartitionSealed`` comes back (a respawned shard lost the first); then
   ``DeleteLeader``: the release transaction.
 - ``Open``/``Close``: shards follow the leader keys themselves (their own watched view), so
-  these are only logged; a closed partition's shard drops it when its view loses our key.
+  these are logged and told to the listeners (``opened``/``closed``: the group service, which
+  coordinates the groups of the ``__consumer_offsets`` partitions this broker owns); a closed
+  partition's shard drops it when its view loses our key. A hand-over (``Seal``) closes it for
+  the listeners at once.
 - It answers the committers (``leadership.Leaders``): our leader record of a partition we own or
   are handing over, so every commit is fenced on it; a fenced commit closes the partition at once.
 """
@@ -23,7 +26,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import zmq
 
@@ -80,6 +83,10 @@ class Owners:
         self._next_view_ms = 0
         self._resealed_ms: dict[Partition, int] = {}
         self._topic_ids: dict[str, str] = {}
+        # Told when a partition becomes ours (opened) and when it stops being served by us
+        # (closed, or being handed over): the group service follows __consumer_offsets this way.
+        self.opened: list[Callable[[Partition, LeaderRecord], None]] = []
+        self.closed: list[Callable[[Partition], None]] = []
         self._shards: list[zmq.Socket[bytes]] = []
         for index in range(shards):
             socket = context.socket(zmq.DEALER)
@@ -168,6 +175,7 @@ class Owners:
                     "handing a partition over",
                     extra={"topic": partition[0], "partition": partition[1], "epoch": leader.epoch},
                 )
+                self._tell(self.closed, partition)
                 self._send_seal(partition, leader, 0)
                 return []
             case DeleteLeader(partition, leader):
@@ -177,8 +185,10 @@ class Owners:
                     "owning a partition",
                     extra={"topic": partition[0], "partition": partition[1], "epoch": leader.epoch},
                 )
+                self._tell(self.opened, partition, leader)
                 return []
             case Close(partition, leader, reason):
+                self._tell(self.closed, partition)
                 log.warning(
                     "lost a partition",
                     extra={
@@ -190,6 +200,14 @@ class Owners:
                 )
                 return []
         raise TypeError(f"not an instruction: {instruction!r}")  # pragma: no cover
+
+    @staticmethod
+    def _tell(listeners: list[Callable[..., None]], *args: object) -> None:
+        for listener in listeners:
+            try:
+                listener(*args)
+            except Exception:  # a listener's bug must not stop ownership
+                log.exception("an ownership listener failed")
 
     def _claim(self, partitions: tuple[Partition, ...]) -> list[Instruction]:
         by_topic: dict[str, list[int]] = defaultdict(list)
