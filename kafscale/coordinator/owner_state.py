@@ -18,7 +18,8 @@ Invariants:
   draining, is handed over gracefully: ``Seal``, then on ``Sealed`` ``DeleteLeader``. A seal that
   takes longer than the hand-over timeout is abandoned: ``Close`` and ``DeleteLeader`` at once.
 - Our own leader keys on our lease that we do not know of (a respawned coordinator) are taken
-  back as owned, not claimed again.
+  back as owned, not claimed again; not those we just released, which a lagging view still
+  shows.
 - At most ``max_claims`` partitions are being claimed and ``max_seals`` sealed at a time, so a
   broker joining a large cluster moves partitions in waves rather than all at once.
 """
@@ -145,6 +146,8 @@ class OwnerState:
     sealing: dict[Partition, _Sealing] = field(default_factory=dict)
     deleting: dict[Partition, LeaderRecord] = field(default_factory=dict)
     retry_delete: set[Partition] = field(default_factory=set)
+    # Keys we deleted that the view may still show for a while: never taken back as ours.
+    released: dict[Partition, LeaderRecord] = field(default_factory=dict)
     _goal: tuple[tuple[int, bool], dict[Partition, int]] | None = None  # by (revision, draining)
 
     @property
@@ -214,6 +217,9 @@ class OwnerState:
             if view.leaders.get(partition) != leader:
                 del self.deleting[partition]
                 self.retry_delete.discard(partition)
+        for partition, leader in list(self.released.items()):
+            if view.leaders.get(partition) != leader:
+                del self.released[partition]  # the view caught up
         return out
 
     def _take_back_our_own(self, view: ViewChanged) -> list[Instruction]:
@@ -223,6 +229,8 @@ class OwnerState:
                 continue
             if partition in self.owned or partition in self.sealing or partition in self.deleting:
                 continue
+            if self.released.get(partition) == leader:
+                continue  # deleted by us; the view has not caught up yet
             self.claiming.discard(partition)
             self.owned[partition] = leader
             out.append(Open(partition, leader))
@@ -304,7 +312,7 @@ class OwnerState:
         if leader is None or leader.epoch != event.epoch:
             return []
         if event.succeeded:
-            del self.deleting[event.partition]
+            self.released[event.partition] = self.deleting.pop(event.partition)
         else:
             self.retry_delete.add(event.partition)
         return []

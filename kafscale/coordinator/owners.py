@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -61,6 +62,10 @@ log = logging.getLogger(__name__)
 VIEW_INTERVAL_MS = 100
 CLAIMS_PER_TXN = 32  # 3 compares + 2 puts each: within etcd's 128 operations
 RESEAL_MS = 1_000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class Owners:
@@ -112,8 +117,16 @@ class Owners:
             if now_ms - self._resealed_ms.get(partition, 0) >= RESEAL_MS:
                 self._send_seal(partition, sealing.leader, now_ms)
 
-    def drain(self, now_ms: int) -> None:
-        self._run(self.state.handle(DrainStarted(now_ms)))
+    def handle_drain(self, incoming: Incoming) -> messages.Draining:
+        """Hand everything over (started by the first ``Drain``); how much is left."""
+        if not self.state.draining:
+            log.info(
+                "draining: handing every partition over", extra={"owned": len(self.state.owned)}
+            )
+            self._run(self.state.handle(DrainStarted(_now_ms())))
+        state = self.state
+        left = len(state.owned) + len(state.sealing) + len(state.deleting) + len(state.claiming)
+        return messages.Draining(remaining=left)
 
     def close(self) -> None:
         self.view.stop()

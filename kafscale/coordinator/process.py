@@ -126,6 +126,7 @@ def run(ctx: ChildContext) -> None:
                         write_path.CommitCompaction: compactions.handle,
                         write_path.CommitMerge: compactions.handle_merge,
                         write_path.PartitionSealed: owners.handle_sealed,
+                        messages.Drain: owners.handle_drain,
                         messages.AllocateProducerId: producer_ids.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),

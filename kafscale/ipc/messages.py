@@ -69,6 +69,16 @@ class Pong(Message, frozen=True):
     started_at: float
 
 
+class Drain(Message, frozen=True):
+    """Supervisor -> coordinator, before a graceful stop: hand every partition over (the first
+    call starts it); answered ``Draining`` with how many are not handed over yet. Sent again
+    until that is 0."""
+
+
+class Draining(Message, frozen=True):
+    remaining: int
+
+
 # -- generic replies --------------------------------------------------------------------------
 
 
@@ -494,6 +504,8 @@ AnyMessage = (
     | BootFailed
     | Ping
     | Pong
+    | Drain
+    | Draining
     | ErrorReply
     | CreateTopics
     | DeleteTopics

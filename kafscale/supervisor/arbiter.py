@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import zmq
 from prometheus_client import multiprocess
@@ -136,6 +137,22 @@ class Arbiter:
             self._reap()
             self._respawn_due()
             self._kill_hung()
+
+    def supervise_while(self, step: Callable[[], bool], timeout_s: float) -> bool:
+        """Keep supervising (reaping, respawning) and call ``step`` every ~200 ms until it
+        returns True (done), ``timeout_s`` passes or a second SIGTERM/SIGINT asks to stop now.
+        Returns whether ``step`` finished."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if step():
+                return True
+            self._wait(200)
+            if self._second_signal():
+                log.warning("stopping now: a second signal interrupted the hand-over")
+                return False
+            self._reap()
+            self._respawn_due()
+        return False
 
     def shutdown(self) -> None:
         """Stop children in reverse boot order, then remove what this run left behind."""

@@ -22,7 +22,11 @@ import signal
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
+import zmq
+
 from kafscale.config import Config
+from kafscale.ipc import endpoints, messages
+from kafscale.ipc.rpc import RpcClient, RpcError
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
@@ -33,6 +37,9 @@ from kafscale.supervisor.health import HealthChecker, HealthServer
 from kafscale.supervisor.membership import BrokerIdTaken, Membership
 
 log = logging.getLogger("kafscale.supervisor")
+
+# The coordinator gives up a partition's seal after 30 s (S3 down) and releases it anyway.
+HANDOVER_WAIT_S = 40.0
 
 
 def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
@@ -55,7 +62,7 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
                     lambda reason: _stop_at_once(arbiter, f"the store lock was lost: {reason}")
                 )
                 member.keep(lambda reason: _stop_at_once(arbiter, reason))
-                _supervise(config, arbiter, objects, store)
+                _supervise(config, arbiter, objects, store, member)
             finally:
                 if owned.lost is not None or member.lost is not None:
                     # No drain: what the children hold can no longer be committed.
@@ -157,7 +164,11 @@ def _kill_children(arbiter: Arbiter) -> None:
 
 
 def _supervise(
-    config: Config, arbiter: Arbiter, objects: ObjectStore, store: MetadataStore
+    config: Config,
+    arbiter: Arbiter,
+    objects: ObjectStore,
+    store: MetadataStore,
+    member: Membership,
 ) -> None:
     checks: dict[str, Callable[[], None]] = {"objects": objects.check, "metadata": store.check}
     checker = HealthChecker(arbiter.runtime_dir, arbiter.children, checks)
@@ -182,9 +193,40 @@ def _supervise(
             },
         )
         arbiter.run()
+        if arbiter.failure is None:  # a requested stop (SIGTERM): hand the partitions over
+            _hand_over(arbiter, member)
     finally:
         checker.stop()
         http.stop()
+
+
+def _hand_over(arbiter: Arbiter, member: Membership) -> None:
+    """Tell the cluster we are leaving (no partition is assigned to us any more) and have the
+    coordinator hand every partition over -- each sealed, committed and released, for the
+    brokers that stay to claim -- while the children keep running. Bounded by
+    ``HANDOVER_WAIT_S``; a second SIGTERM cuts it short. Either way the stop goes on."""
+    member.set_draining()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    coordinator = RpcClient(context, endpoints.address(arbiter.runtime_dir, "coordinator"))
+
+    def handed_over() -> bool:
+        try:
+            reply = coordinator.call(messages.Drain(), timeout_ms=2000)
+        except RpcError as exc:
+            log.warning(
+                "the coordinator does not answer the hand-over yet", extra={"error": str(exc)}
+            )
+            return False
+        return isinstance(reply.message, messages.Draining) and reply.message.remaining == 0
+
+    try:
+        if arbiter.supervise_while(handed_over, HANDOVER_WAIT_S):
+            log.info("every partition handed over")
+        else:
+            log.warning("stopping before every partition was handed over")
+    finally:
+        coordinator.close()
+        context.term()
 
 
 def preflight(checks: dict[str, Callable[[], None]], timeout_s: float) -> None:

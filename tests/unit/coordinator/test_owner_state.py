@@ -355,3 +355,16 @@ def test_a_paused_broker_that_lost_its_lease_closes_everything_when_it_wakes():
         closed = {i.partition for i in woken if isinstance(i, Close)}
         assert closed == set(held) and not paused.owned
         assert not [i for i in woken if isinstance(i, Seal | Open)]
+
+
+def test_a_released_key_a_lagging_view_still_shows_is_not_taken_back():
+    s = state()
+    own_all(s)
+    s.handle(DrainStarted(now_ms=0))
+    for p in ALL:
+        s.handle(Sealed(p, 0))
+        s.handle(ReleaseDone(p, 0, succeeded=True))
+    stale = view(9, {1: True}, {p: leader(1) for p in ALL})  # the deletes not seen yet
+    assert s.handle(stale) == [] and s.drained
+    s.handle(view(10, {1: True}))  # now they are
+    assert s.released == {}
