@@ -227,13 +227,16 @@ class ReleaseFetch(Message, frozen=True):
 
 class OffsetQuery(msgspec.Struct, frozen=True):
     """ListOffsets for one partition: a timestamp or one of Kafka's special values (-1 latest,
-    -2 earliest, -3 max timestamp, -4 earliest local, -5 latest tiered)."""
+    -2 earliest, -3 max timestamp, -4 earliest local, -5 latest tiered). With ``leader_epoch``
+    set, OffsetForLeaderEpoch instead (the timestamp is ignored): the answer is the largest epoch
+    at or below it and where that epoch ends (``kafscale.metadata.epochs.end_offset_for``)."""
 
     topic: str
     topic_id: str
     partition: int
     timestamp: int
     topic_created_ms: int = 0
+    leader_epoch: int | None = None
 
 
 class ListOffsets(Message, frozen=True):

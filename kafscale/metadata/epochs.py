@@ -6,7 +6,8 @@ that epoch (the high watermark when the epoch's owner claimed the partition). Ka
 truncates committed data, so an entry is never rewritten: claims append (``started``), retention
 forgets what lies wholly before the log start (``truncated``). OffsetForLeaderEpoch answers from it
 (``end_offset_for``) the way Kafka's ``LeaderEpochFileCache.endOffsetFor`` does, which is what
-clients' truncation detection (KIP-320) expects.
+clients' truncation detection (KIP-320) expects; ListOffsets names the epoch of the offset it
+finds (``epoch_for_offset``, Kafka's ``epochForOffset``).
 
 A record written before epochs existed has no history but a leader epoch (0): ``history`` reads
 it as one epoch starting at the log start.
@@ -67,3 +68,14 @@ def end_offset_for(entries: History, requested: int, log_end_offset: int) -> tup
     if not floor:
         return requested, higher[1]
     return floor[-1][0], higher[1]
+
+
+def epoch_for_offset(entries: History, offset: int) -> int:
+    """The epoch that wrote ``offset``: the last one starting at or before it; -1 before the
+    first (start offsets are distinct: ``started`` keeps them so)."""
+    found = UNDEFINED_EPOCH
+    for epoch, start in entries:
+        if start > offset:
+            break
+        found = epoch
+    return found

@@ -10,8 +10,10 @@ for ``transport.writelines``. (Python 3.12+ sends such a list with ``sendmsg``; 
 
 Layout: Kafka's FetchResponse.json, version by version (the constants below name the KIPs).
 Versions 12+ are flexible (KIP-482): compact lengths as unsigned varint ``n + 1`` with 0 for
-null, and a tagged-field count after every struct. We never set a tagged field
-(diverging_epoch, current_leader, snapshot_id, node_endpoints), so each count is 0.
+null, and a tagged-field count after every struct. Of the tagged fields we send only KIP-951's:
+a partition's ``current_leader`` (tag 1, v12+) and the response's ``node_endpoints`` (tag 0,
+v16+), each only when it differs from its default, as Kafka's generated writers do;
+diverging_epoch and snapshot_id (replication) are never sent.
 
 Verified byte for byte against kio's generated encoder for every version, with several topics,
 null and empty records, chunked and large records (tests/unit/protocol/test_fetch_encoding.py).
@@ -35,7 +37,12 @@ SESSION_VERSION = 7  # top-level ErrorCode and SessionId: incremental fetch (KIP
 PREFERRED_READ_REPLICA_VERSION = 11  # KIP-392
 FLEXIBLE_VERSION = 12  # KIP-482
 TOPIC_ID_VERSION = 13  # TopicId replaces Topic (KIP-516)
+NODE_ENDPOINTS_VERSION = 16  # KIP-951
 MAX_VERSION = 17  # 14 to 17 change only the request and tagged fields
+
+NO_LEADER = (-1, -1)  # LeaderIdAndEpoch's default: (leader id, leader epoch) unknown
+CURRENT_LEADER_TAG = 1  # PartitionData's tag 1
+NODE_ENDPOINTS_TAG = 0  # FetchResponse's tag 0
 
 # The encoder's segments: record chunks, and the bytearrays the fixed fields go to.
 _Segment = bytes | bytearray | memoryview
@@ -49,6 +56,8 @@ _ERROR_AND_SESSION = struct.Struct(">hi")
 _PARTITION_HEAD = struct.Struct(">ihqq")
 # producer_id, first_offset
 _ABORTED_TRANSACTION = struct.Struct(">qq")
+# LeaderIdAndEpoch: leader_id, leader_epoch, then its (empty) tagged fields
+_LEADER_ID_AND_EPOCH = struct.Struct(">iib")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,17 @@ class FetchPartition:
     aborted_transactions: Sequence[tuple[int, int]] | None = None  # (producer_id, first_offset)
     preferred_read_replica: int = -1
     records: Sequence[Buffer] | None = None
+    current_leader: tuple[int, int] = NO_LEADER  # (leader id, leader epoch), KIP-951
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEndpoint:
+    """One of the response's ``node_endpoints`` (KIP-951): where a named leader is reached."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +104,13 @@ def encode_fetch_response(
     throttle_time_ms: int = 0,
     error_code: int = 0,
     session_id: int = 0,
+    node_endpoints: Sequence[NodeEndpoint] = (),
 ) -> list[Buffer]:
     """The whole response frame as buffers to write in order: the 4-byte size, the response
     header (v0, or v1 with no tagged fields for flexible versions), then the body.
 
-    ``error_code`` and ``session_id`` exist from v7 and are dropped below it."""
+    ``error_code`` and ``session_id`` exist from v7 and are dropped below it, ``node_endpoints``
+    from v16."""
     if not MIN_VERSION <= version <= MAX_VERSION:
         raise ValueError(
             f"FetchResponse v{version} is not encoded here ({MIN_VERSION}-{MAX_VERSION})"
@@ -113,7 +135,7 @@ def encode_fetch_response(
         if flexible:
             head.append(0)  # topic tagged fields
     if flexible:
-        head.append(0)  # response tagged fields
+        _response_tags(head, node_endpoints if version >= NODE_ENDPOINTS_VERSION else ())
     if not head:
         buffers.pop()  # the segment opened after the last records got nothing
     LENGTH.pack_into(first, 0, sum(map(_size, buffers)) - LENGTH.size)
@@ -150,8 +172,41 @@ def _partition(
         head = bytearray()
         buffers.append(head)
     if flexible:
-        head.append(0)  # partition tagged fields: none of tags 0-2 is sent
+        _partition_tags(head, partition.current_leader)
     return head
+
+
+def _partition_tags(head: bytearray, current_leader: tuple[int, int]) -> None:
+    """The partition's tagged fields: ``current_leader`` alone, when known."""
+    if current_leader == NO_LEADER:
+        head.append(0)
+        return
+    head.append(1)  # one tagged field
+    _uvarint(head, CURRENT_LEADER_TAG)
+    _uvarint(head, _LEADER_ID_AND_EPOCH.size)
+    head += _LEADER_ID_AND_EPOCH.pack(*current_leader, 0)
+
+
+def _response_tags(head: bytearray, node_endpoints: Sequence[NodeEndpoint]) -> None:
+    """The response's tagged fields: ``node_endpoints`` alone, when there are any."""
+    if not node_endpoints:
+        head.append(0)
+        return
+    field = bytearray()
+    _length(field, len(node_endpoints), True)
+    for node in node_endpoints:
+        field += _I32.pack(node.node_id)
+        _string(field, node.host, True)
+        field += _I32.pack(node.port)
+        if node.rack is None:
+            field.append(0)  # compact null string
+        else:
+            _string(field, node.rack, True)
+        field.append(0)  # endpoint tagged fields
+    head.append(1)  # one tagged field
+    _uvarint(head, NODE_ENDPOINTS_TAG)
+    _uvarint(head, len(field))
+    head += field
 
 
 def _length(head: bytearray, length: int | None, flexible: bool) -> None:
@@ -160,7 +215,10 @@ def _length(head: bytearray, length: int | None, flexible: bool) -> None:
     if not flexible:
         head += _I32.pack(-1 if length is None else length)
         return
-    value = 0 if length is None else length + 1
+    _uvarint(head, 0 if length is None else length + 1)
+
+
+def _uvarint(head: bytearray, value: int) -> None:
     while value > 0x7F:
         head.append(value & 0x7F | 0x80)
         value >>= 7

@@ -12,6 +12,10 @@ Records are decoded on the read path's reader threads (``reads.find_timestamp``)
 shard's loop, with decompression bounded: a batch that does not decode (stored by something that
 never validated it) is CORRUPT_MESSAGE for that partition, as Kafka answers, logged once; every
 other partition of the request and every other request is served.
+
+Each offset found is answered with the leader epoch that wrote it, from the partition's epoch
+history (as Kafka's ``epochForOffset``; latest: the current epoch). A query carrying a
+``leader_epoch`` is OffsetForLeaderEpoch's: where that epoch ends, from the same history, at once.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from typing import TYPE_CHECKING
 
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Incoming
+from kafscale.metadata import epochs
 from kafscale.metadata.records import SegmentRecord
 from kafscale.protocol.errors import ErrorCode
 from kafscale.shards import reads
 from kafscale.shards.cache import Chunk, entry_key
-from kafscale.shards.partition import LEADER_EPOCH, PartitionLog
+from kafscale.shards.partition import PartitionLog
 from kafscale.shards.reads import SegmentRef
 from kafscale.storage.segment import CorruptBatch
 
@@ -41,6 +46,7 @@ class ListOp:
     answers: list[messages.OffsetAnswer]
     reading: int = 0
     reloaded: set[int] = field(default_factory=set)  # queries that had the entry list reloaded
+    partitions: dict[int, PartitionLog] = field(default_factory=dict)  # of each query looked up
 
 
 class OffsetLookups:
@@ -62,12 +68,17 @@ class OffsetLookups:
         if isinstance(partition, messages.OffsetAnswer):
             op.answers[i] = partition
             return
+        op.partitions[i] = partition
         end = self.reads.visible_end(partition)
         timestamp = query.timestamp
-        if timestamp == LATEST:
-            op.answers[i] = found_answer(end)
+        if query.leader_epoch is not None:
+            # The end of the log visible to consumers: a consumer is never past it.
+            epoch, offset = epochs.end_offset_for(partition.epochs, query.leader_epoch, end)
+            op.answers[i] = messages.OffsetAnswer(offset=offset, leader_epoch=epoch)
+        elif timestamp == LATEST:
+            op.answers[i] = found_answer(partition, end)
         elif timestamp in (EARLIEST, EARLIEST_LOCAL):
-            op.answers[i] = found_answer(partition.log_start_offset)
+            op.answers[i] = found_answer(partition, partition.log_start_offset)
         elif timestamp == LATEST_TIERED:
             # Nothing is "tiered" apart from the log itself: Kafka answers a topic without tiered
             # storage with no offset.
@@ -209,8 +220,9 @@ class OffsetLookups:
             op.answers[i] = error_answer(*self.reads.read_error(where, error))
         elif found is not None:
             offset, timestamp = found
+            epoch = epochs.epoch_for_offset(op.partitions[i].epochs, offset)
             op.answers[i] = messages.OffsetAnswer(
-                offset=offset, timestamp=timestamp, leader_epoch=LEADER_EPOCH
+                offset=offset, timestamp=timestamp, leader_epoch=epoch
             )
         else:
             op.answers[i] = messages.OffsetAnswer()
@@ -221,8 +233,9 @@ class OffsetLookups:
             self.reads.server.reply(op.incoming, messages.OffsetsListed(results=op.answers))
 
 
-def found_answer(offset: int) -> messages.OffsetAnswer:
-    return messages.OffsetAnswer(offset=offset, leader_epoch=LEADER_EPOCH)
+def found_answer(partition: PartitionLog, offset: int) -> messages.OffsetAnswer:
+    epoch = epochs.epoch_for_offset(partition.epochs, offset)
+    return messages.OffsetAnswer(offset=offset, leader_epoch=epoch)
 
 
 def error_answer(code: ErrorCode, message: str | None) -> messages.OffsetAnswer:

@@ -14,7 +14,7 @@ import datetime
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers.metadata import live_brokers
+from kafscale.frontend.leaders import live_brokers
 from kafscale.protocol.acls import CLUSTER_OPERATIONS, NOT_REQUESTED
 from kafscale.protocol.codec import build, element, response_schema
 from kafscale.protocol.errors import ErrorCode

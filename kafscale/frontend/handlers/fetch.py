@@ -15,6 +15,12 @@ pieces of the response frame (``kafscale.protocol.fetch``).
 
 Sessions (KIP-227): every answer is sessionless (session id 0), a full response, which every
 client accepts; a request naming a session we never created gets FETCH_SESSION_ID_NOT_FOUND.
+
+Leadership (``kafscale.frontend.leaders``): a partition this broker does not lead, or asked for at
+another leader epoch, gets NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH and
+is not sent to a shard. As Kafka (KIP-951), a NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH answer
+names the current leader (the ``current_leader`` tagged field, v12+) and the response carries its
+endpoint (``node_endpoints``, v16+).
 """
 
 from __future__ import annotations
@@ -27,12 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafscale.frontend.context import Encoded, RequestContext
+from kafscale.frontend.leaders import Leaders
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Reply, RpcError
 from kafscale.metadata.records import TopicRecord
 from kafscale.protocol.errors import ErrorCode
-from kafscale.protocol.fetch import FetchPartition, FetchTopic, encode_fetch_response
-from kafscale.shards.partition import LEADER_EPOCH
+from kafscale.protocol.fetch import (
+    NO_LEADER,
+    FetchPartition,
+    FetchTopic,
+    NodeEndpoint,
+    encode_fetch_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +54,8 @@ FIRST_TOPIC_ID_VERSION = 13
 READ_COMMITTED = 1
 SHARD_TIMEOUT_SLACK_S = 30.0  # a cold read may wait on S3 past the client's max wait
 NO_SESSION = 0
+# Answers that name the current leader (KafkaApis.handleFetchRequest, KIP-951).
+REDIRECTED = (ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch)
 
 _fetch_ids = itertools.count(1)
 
@@ -51,6 +65,7 @@ class Slot:
     """One partition of the request, in request order, and its answer once known."""
 
     index: int
+    topic: str = ""  # its name, once the topic is known
     shard: int = -1
     result: messages.FetchResult = field(default_factory=messages.FetchResult)
     records: memoryview | None = None
@@ -59,18 +74,19 @@ class Slot:
 async def handle(ctx: RequestContext, request: Any) -> Encoded:
     version = ctx.version
     session_id = int(getattr(request, "session_id", NO_SESSION))
-    if session_id != NO_SESSION:
-        return _encode(ctx, request, [], ErrorCode.fetch_session_id_not_found)
     snapshot = ctx.broker.view.snapshot
+    leaders = Leaders(ctx, snapshot)
+    if session_id != NO_SESSION:
+        return _encode(ctx, request, [], leaders, ErrorCode.fetch_session_id_not_found)
     topics: list[tuple[Any, list[Slot]]] = []
     entries: dict[int, list[tuple[Slot, messages.FetchEntry]]] = {}
     for topic in request.topics:
         record = _topic(snapshot.topics, snapshot.topics_by_id, topic, version)
         slots = []
         for wanted in topic.partitions:
-            slot = Slot(int(wanted.partition))
+            slot = Slot(int(wanted.partition), record.name if record is not None else "")
             slots.append(slot)
-            error = _check(record, wanted, version)
+            error = _check(leaders, record, wanted, version)
             if error is not None:
                 slot.result = messages.FetchResult(error_code=int(error))
                 continue
@@ -89,7 +105,7 @@ async def handle(ctx: RequestContext, request: Any) -> Encoded:
     if entries:
         await _read(ctx, request, entries)
     _limit(topics, int(request.max_bytes))
-    return _encode(ctx, request, topics, ErrorCode.none)
+    return _encode(ctx, request, topics, leaders, ErrorCode.none)
 
 
 def _topic(
@@ -100,17 +116,17 @@ def _topic(
     return by_name.get(topic.topic)
 
 
-def _check(record: TopicRecord | None, wanted: Any, version: int) -> ErrorCode | None:
+def _check(
+    leaders: Leaders, record: TopicRecord | None, wanted: Any, version: int
+) -> ErrorCode | None:
     if record is None:
         if version >= FIRST_TOPIC_ID_VERSION:
             return ErrorCode.unknown_topic_id
         return ErrorCode.unknown_topic_or_partition
     if not 0 <= wanted.partition < record.partitions:
         return ErrorCode.unknown_topic_or_partition
-    current_epoch = int(getattr(wanted, "current_leader_epoch", -1))
-    if current_epoch > LEADER_EPOCH:
-        return ErrorCode.unknown_leader_epoch  # the client has heard of a newer leader than us
-    return None
+    current_epoch = int(getattr(wanted, "current_leader_epoch", -1))  # v9+
+    return leaders.check(record.name, int(wanted.partition), current_epoch)
 
 
 async def _read(
@@ -197,7 +213,11 @@ def _limit(topics: list[tuple[Any, list[Slot]]], max_bytes: int) -> None:
 
 
 def _encode(
-    ctx: RequestContext, request: Any, topics: list[tuple[Any, list[Slot]]], error: ErrorCode
+    ctx: RequestContext,
+    request: Any,
+    topics: list[tuple[Any, list[Slot]]],
+    leaders: Leaders,
+    error: ErrorCode,
 ) -> Encoded:
     read_committed = int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
     out = []
@@ -205,6 +225,10 @@ def _encode(
         partitions = []
         for slot in slots:
             result = slot.result
+            current_leader = NO_LEADER
+            if result.error_code in REDIRECTED and slot.topic:
+                leader = leaders.current_leader(slot.topic, slot.index)
+                current_leader = (leader.node_id, leader.epoch)
             partitions.append(
                 FetchPartition(
                     partition=slot.index,
@@ -214,6 +238,7 @@ def _encode(
                     log_start_offset=result.log_start_offset,
                     aborted_transactions=[] if read_committed else None,
                     records=[slot.records] if slot.records is not None else [],
+                    current_leader=current_leader,
                 )
             )
             if result.error_code and result.message:
@@ -240,5 +265,8 @@ def _encode(
         out,
         error_code=int(error),
         session_id=NO_SESSION,
+        node_endpoints=[
+            NodeEndpoint(b.node_id, b.host, b.port, b.rack) for b in leaders.node_endpoints()
+        ],
     )
     return Encoded(chunks)

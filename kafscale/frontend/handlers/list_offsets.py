@@ -5,11 +5,14 @@ Special timestamps: -1 latest (the high watermark, or the log end when unflushed
 earliest local = earliest (all of the log is equally "local"), -5 (v9+) latest tiered: no offset,
 as Kafka answers for a topic without tiered storage. A timestamp >= 0 finds the first offset whose
 record has a timestamp >= it, reading at most the one segment that holds it; none gives offset -1.
-Each partition is answered by the shard that owns it. The isolation level is accepted: without
-transactions the last stable offset is the high watermark. v10 (KIP-1075, Kafka 4.0) only adds
-TimeoutMs, how long a tiered-storage broker may spend on a remote lookup; it is ignorable, and
-ours are bounded by SHARD_TIMEOUT_S. Clients tell Kafka 4.0 from 3.9 by this version (kafka-python
-infers the broker's release from it), so serving v9 only makes KafScale look like a 3.9 broker.
+Each partition is answered by the shard that owns it, once this broker is found to lead it at the
+client's leader epoch (``kafscale.frontend.leaders``: NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH
+or UNKNOWN_LEADER_EPOCH otherwise), with the leader epoch that wrote the offset found. The
+isolation level is accepted: without transactions the last stable offset is the high watermark.
+v10 (KIP-1075, Kafka 4.0) only adds TimeoutMs, how long a tiered-storage broker may spend on a
+remote lookup; it is ignorable, and ours are bounded by SHARD_TIMEOUT_S. Clients tell Kafka 4.0
+from 3.9 by this version (kafka-python infers the broker's release from it), so serving v9 only
+makes KafScale look like a 3.9 broker.
 """
 
 from __future__ import annotations
@@ -21,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
+from kafscale.frontend.leaders import Leaders
 from kafscale.ipc import messages
 from kafscale.ipc.messages import OffsetAnswer, OffsetQuery
 from kafscale.ipc.rpc import RpcError
 from kafscale.metadata.records import TopicRecord
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
-from kafscale.shards.partition import LEADER_EPOCH
 
 API_KEY = 2
 MIN_VERSION, MAX_VERSION = 1, 10
@@ -40,14 +43,16 @@ Key = tuple[str, int]
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.view.snapshot.topics
+    snapshot = ctx.broker.view.snapshot
+    leaders = Leaders(ctx, snapshot)
     answers: dict[Key, OffsetAnswer] = {}
-    queries: list[tuple[Key, TopicRecord, int, int]] = []
+    queries: list[tuple[Key, OffsetQuery]] = []
     for topic in request.topics:
-        record = topics.get(topic.name)
+        record = snapshot.topics.get(topic.name)
         for wanted in topic.partitions:
             key = (topic.name, int(wanted.partition_index))
-            error = check_partition(record, key[1], getattr(wanted, "current_leader_epoch", -1))
+            current_epoch = int(getattr(wanted, "current_leader_epoch", -1))  # v4+
+            error = check_partition(leaders, record, key[1], current_epoch)
             timestamp = int(wanted.timestamp)
             if error is None and timestamp < 0 and SPECIAL_SINCE.get(timestamp, 99) > ctx.version:
                 error = ErrorCode.unsupported_version
@@ -55,40 +60,44 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                 answers[key] = OffsetAnswer(error_code=int(error))
             else:
                 assert record is not None
-                queries.append((key, record, key[1], timestamp))
+                queries.append((key, offset_query(record, key[1], timestamp)))
     answers.update(await query(ctx, queries))
     return _response(ctx, request, answers)
 
 
 def check_partition(
-    record: TopicRecord | None, partition: int, current_epoch: int
+    leaders: Leaders, record: TopicRecord | None, partition: int, current_epoch: int
 ) -> ErrorCode | None:
+    """The error of a partition that cannot be asked for (also OffsetForLeaderEpoch's)."""
     if record is None or not 0 <= partition < record.partitions:
         return ErrorCode.unknown_topic_or_partition
-    if current_epoch > LEADER_EPOCH:
-        return ErrorCode.unknown_leader_epoch
-    return None
+    return leaders.check(record.name, partition, current_epoch)
+
+
+def offset_query(
+    record: TopicRecord,
+    partition: int,
+    timestamp: int = SPECIAL_LATEST,
+    leader_epoch: int | None = None,
+) -> OffsetQuery:
+    """The shard's query: the offset for ``timestamp``, or where ``leader_epoch`` ends."""
+    return OffsetQuery(
+        topic=record.name,
+        topic_id=record.topic_id,
+        partition=partition,
+        timestamp=timestamp,
+        topic_created_ms=record.created_ms,
+        leader_epoch=leader_epoch,
+    )
 
 
 async def query(
-    ctx: RequestContext, queries: Sequence[tuple[Key, TopicRecord, int, int]]
+    ctx: RequestContext, queries: Sequence[tuple[Key, OffsetQuery]]
 ) -> dict[Key, OffsetAnswer]:
-    """Ask the owning shards for ``(key, topic, partition, timestamp)``, all shards at once."""
+    """Ask the owning shards, all shards at once."""
     by_shard: dict[int, list[tuple[Key, OffsetQuery]]] = defaultdict(list)
-    for key, record, partition, timestamp in queries:
-        shard = ctx.broker.shards.owner(record.topic_id, partition)
-        by_shard[shard].append(
-            (
-                key,
-                OffsetQuery(
-                    topic=record.name,
-                    topic_id=record.topic_id,
-                    partition=partition,
-                    timestamp=timestamp,
-                    topic_created_ms=record.created_ms,
-                ),
-            )
-        )
+    for key, wanted in queries:
+        by_shard[ctx.broker.shards.owner(wanted.topic_id, wanted.partition)].append((key, wanted))
     answers: dict[Key, OffsetAnswer] = {}
 
     async def ask(shard: int, items: list[tuple[Key, OffsetQuery]]) -> None:

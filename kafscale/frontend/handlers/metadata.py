@@ -4,10 +4,14 @@ Answered from the watched metadata view, never from etcd directly. Topic selecti
 in v0 an empty list means all topics; from v1 a null list means all and an empty list none; from
 v10 a topic may be named by id alone. Unknown topics named in the request are created first when
 auto-creation is on (``KAFSCALE_AUTO_CREATE_TOPICS`` and, from v4, the request's flag), with
-``KAFSCALE_AUTO_CREATE_PARTITIONS`` partitions, and answered as existing topics. Every partition
-is led by this broker (one broker owns all partitions until scale-out arrives), with leader epoch 0
-and itself as the only replica. Internal topics (``__consumer_offsets``, which FindCoordinator
-creates) are marked ``is_internal`` by name, as Kafka does. Authorized operations (v8+), when
+``KAFSCALE_AUTO_CREATE_PARTITIONS`` partitions, and answered as existing topics. The brokers are
+every registered one; each partition's leader and leader epoch come from its leader key
+(``kafscale.frontend.leaders``), the leader being its only replica and in-sync replica. An offline
+partition (no leader key yet, or its owner gone) is answered as Kafka's ``KRaftMetadataCache``
+answers one whose leader is not alive: LEADER_NOT_AVAILABLE (retriable), leader -1, its leader
+epoch when known (-1 without a key), and no replicas, since none is alive. Internal topics
+(``__consumer_offsets``, which FindCoordinator creates) are marked ``is_internal`` by name, as
+Kafka does. Authorized operations (v8+), when
 asked for, are every operation, as Kafka reports them without an authorizer
 (``kafscale.protocol.acls``).
 """
@@ -19,6 +23,7 @@ import uuid
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
+from kafscale.frontend.leaders import Leader, Leaders
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
 from kafscale.metadata.topic_names import INTERNAL_TOPICS
@@ -49,17 +54,19 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         errors = {r.name: r for r in results if r.name and r.error_code not in _CREATED}
         snapshot = ctx.broker.view.snapshot
         selected = _selected(ctx.version, request, snapshot.topics)
+    leaders = Leaders(ctx, snapshot)
     topics = []
     for name, topic_id, record in selected:
         failed = errors.get(name) if name is not None and record is None else None
         if name is not None and failed is not None:
             topics.append(_topic_error(schema, name, ErrorCode(failed.error_code)))
         else:
-            topics.append(_topic(ctx, schema, record, name, topic_id, _asks(request, "topic")))
+            asks = _asks(request, "topic")
+            topics.append(_topic(leaders, schema, record, name, topic_id, asks))
     return build(
         schema,
         throttle_time=datetime.timedelta(0),
-        brokers=tuple(_broker(schema, b) for b in live_brokers(ctx, snapshot.brokers)),
+        brokers=tuple(_broker(schema, b) for b in leaders.brokers.values()),
         cluster_id=snapshot.cluster_id,
         controller_id=ctx.broker.node_id,
         topics=tuple(topics),
@@ -105,21 +112,6 @@ def _topic_error(schema: type[Any], name: str, error: ErrorCode) -> Any:
     )
 
 
-def live_brokers(ctx: RequestContext, registered: dict[int, BrokerRecord]) -> list[BrokerRecord]:
-    """Registered brokers; this one always included, even before its registration is seen."""
-    config = ctx.broker.config
-    brokers = dict(registered)
-    brokers.setdefault(
-        ctx.broker.node_id,
-        BrokerRecord(
-            node_id=ctx.broker.node_id,
-            host=config.advertised_listener_host,
-            port=config.broker_port,
-        ),
-    )
-    return [brokers[node_id] for node_id in sorted(brokers)]
-
-
 def _broker(schema: type[Any], record: BrokerRecord) -> Any:
     return build(
         nested(schema, "MetadataResponseBroker"),
@@ -155,7 +147,7 @@ def _selected(
 
 
 def _topic(
-    ctx: RequestContext,
+    leaders: Leaders,
     schema: type[Any],
     record: TopicRecord | None,
     name: str | None,
@@ -169,18 +161,8 @@ def _topic(
             topic_class, error_code=error, name=name, topic_id=topic_id or NO_UUID, partitions=()
         )
     partition_class = nested(schema, "MetadataResponsePartition")
-    node = ctx.broker.node_id
     partitions = tuple(
-        build(
-            partition_class,
-            error_code=ErrorCode.none,
-            partition_index=index,
-            leader_id=node,
-            leader_epoch=0,
-            replica_nodes=(node,),
-            isr_nodes=(node,),
-            offline_replicas=(),
-        )
+        _partition(partition_class, index, leaders.of(record.name, index))
         for index in range(record.partitions)
     )
     return build(
@@ -191,4 +173,18 @@ def _topic(
         is_internal=record.name in INTERNAL_TOPICS,
         partitions=partitions,
         topic_authorized_operations=TOPIC_OPERATIONS if authorized_operations else NOT_REQUESTED,
+    )
+
+
+def _partition(partition_class: type[Any], index: int, leader: Leader) -> Any:
+    replicas = (leader.node_id,) if leader.online else ()
+    return build(
+        partition_class,
+        error_code=ErrorCode.none if leader.online else ErrorCode.leader_not_available,
+        partition_index=index,
+        leader_id=leader.node_id,
+        leader_epoch=leader.epoch,
+        replica_nodes=replicas,
+        isr_nodes=replicas,
+        offline_replicas=(),
     )

@@ -1,10 +1,16 @@
 """OffsetForLeaderEpoch (key 23), v2-v4: where a leader epoch ends, for log truncation checks.
 
-Every partition has one leader epoch, 0, until partitions move between brokers. So epoch 0 ends
-at the log's visible end (what ListOffsets calls latest), and any other epoch is unknown to the
-log: UNDEFINED_EPOCH / UNDEFINED_EPOCH_OFFSET (-1, -1), as Kafka's leader answers an epoch it has
-no record of. A consumer that read past that end (records lost in a crash, possible only when
-unflushed data is served) sees the end below its position and resets, as against Kafka.
+Consumers ask it (KIP-320) after the leader changed, to check that the position they reached at
+some epoch is still in the log. Each partition is answered by the shard that owns it, from the
+partition's leader epoch history (``PartitionLog.epochs``), as Kafka's
+``LeaderEpochFileCache.endOffsetFor`` (``kafscale.metadata.epochs.end_offset_for``): the largest
+epoch at or below the one asked for and the offset where the next epoch starts, or the log's
+visible end (what ListOffsets calls latest) for the current epoch; an epoch newer than every known
+one, or none, is UNDEFINED_EPOCH / UNDEFINED_EPOCH_OFFSET (-1, -1). KafScale never truncates
+committed data, so a consumer's position is always inside the log; only one that read past the end
+(records lost in a crash, possible only when unflushed data is served) sees the end below its
+position and resets, as against Kafka. A partition this broker does not lead, or asked for at
+another current leader epoch, is refused first (``kafscale.frontend.leaders``).
 """
 
 from __future__ import annotations
@@ -14,11 +20,10 @@ from typing import Any
 
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers import list_offsets
-from kafscale.ipc.messages import OffsetAnswer
-from kafscale.metadata.records import TopicRecord
+from kafscale.frontend.leaders import Leaders
+from kafscale.ipc.messages import OffsetAnswer, OffsetQuery
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
-from kafscale.shards.partition import LEADER_EPOCH
 
 API_KEY = 23
 MIN_VERSION, MAX_VERSION = 2, 4
@@ -28,21 +33,22 @@ Key = tuple[str, int]
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.view.snapshot.topics
+    snapshot = ctx.broker.view.snapshot
+    leaders = Leaders(ctx, snapshot)
     answers: dict[Key, OffsetAnswer] = {}
-    queries: list[tuple[Key, TopicRecord, int, int]] = []
+    queries: list[tuple[Key, OffsetQuery]] = []
     for topic in request.topics:
-        record = topics.get(topic.topic)
+        record = snapshot.topics.get(topic.topic)
         for wanted in topic.partitions:
             key = (topic.topic, int(wanted.partition))
-            error = list_offsets.check_partition(record, key[1], wanted.current_leader_epoch)
+            current_epoch = int(wanted.current_leader_epoch)
+            error = list_offsets.check_partition(leaders, record, key[1], current_epoch)
             if error is not None:
                 answers[key] = OffsetAnswer(error_code=int(error))
-            elif wanted.leader_epoch != LEADER_EPOCH:
-                answers[key] = OffsetAnswer(offset=UNDEFINED, leader_epoch=UNDEFINED)
             else:
                 assert record is not None
-                queries.append((key, record, key[1], list_offsets.SPECIAL_LATEST))
+                epoch = int(wanted.leader_epoch)
+                queries.append((key, list_offsets.offset_query(record, key[1], leader_epoch=epoch)))
     answers.update(await list_offsets.query(ctx, queries))
     return _response(ctx, request, answers)
 

@@ -6,7 +6,10 @@ involved, all shards concurrently. Per-partition problems are per-partition erro
 once the batch is in the shard's buffer, acks=all once its segment is committed (see the
 durability contract in ARCHITECTURE.md). Unknown topics are created when auto-creation is on.
 Internal topics (``__consumer_offsets``) are refused with INVALID_TOPIC_EXCEPTION, as Kafka refuses
-clients' appends to them, and never auto-created here.
+clients' appends to them, and never auto-created here. A partition this broker does not lead
+(the view's leader key) gets NOT_LEADER_OR_FOLLOWER without reaching a shard; from v10 every
+NOT_LEADER_OR_FOLLOWER answer, ours or the shard's, names the current leader and the response
+carries its endpoint (KIP-951, ``kafscale.frontend.leaders``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import datetime
 from collections import defaultdict
 from typing import Any
 
+from kafscale.frontend import leaders
 from kafscale.frontend.context import RequestContext
+from kafscale.frontend.leaders import Leaders
 from kafscale.ipc import messages
 from kafscale.ipc.messages import AppendEntry, AppendResult, TopicSpec
 from kafscale.ipc.rpc import RpcError
@@ -30,6 +35,7 @@ from kafscale.protocol.errors import ErrorCode
 API_KEY = 0
 MIN_VERSION, MAX_VERSION = 0, 11
 FIRST_SERVED_VERSION = 3
+FIRST_CURRENT_LEADER_VERSION = 10  # KIP-951: CurrentLeader and NodeEndpoints
 VALID_ACKS = (-1, 0, 1)
 SHARD_TIMEOUT_SLACK_S = 5.0
 
@@ -49,6 +55,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     topics = await _topics(
         ctx, [t.name for t in request.topic_data if t.name not in INTERNAL_TOPICS]
     )
+    leadership = Leaders(ctx)
     results: dict[tuple[str, int], AppendResult] = {}
     batches: dict[int, list[tuple[tuple[str, int], AppendEntry, bytes]]] = defaultdict(list)
     for topic in request.topic_data:
@@ -64,6 +71,8 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                 results[key] = _error(ErrorCode.unknown_topic_or_partition, None)
             elif data.records is None:
                 results[key] = _error(ErrorCode.invalid_record, "no records")
+            elif (refused := leadership.check(*key)) is not None:
+                results[key] = _error(refused, None)
             else:
                 entry = _entry(ctx, record, int(data.index))
                 shard = ctx.broker.shards.owner(record.topic_id, int(data.index))
@@ -77,7 +86,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     )
     if acks == 0:
         return None
-    return _response(ctx, request, results)
+    return _response(ctx, request, results, leadership)
 
 
 async def _topics(ctx: RequestContext, names: list[str]) -> dict[str, TopicRecord]:
@@ -142,17 +151,27 @@ def _error(code: ErrorCode, message: str | None) -> AppendResult:
 
 
 def _response(
-    ctx: RequestContext, request: Any, results: dict[tuple[str, int], AppendResult]
+    ctx: RequestContext,
+    request: Any,
+    results: dict[tuple[str, int], AppendResult],
+    leadership: Leaders,
 ) -> Any:
     schema = response_schema(API_KEY, ctx.version)
     assert schema is not None
     partition_class = nested(schema, "PartitionProduceResponse")
     topic_class = nested(schema, "TopicProduceResponse")
+    hints = ctx.version >= FIRST_CURRENT_LEADER_VERSION
     topics = []
     for topic in request.topic_data:
         partitions = []
         for data in topic.partition_data:
             result = results[(topic.name, int(data.index))]
+            hint: dict[str, Any] = {}
+            if hints and result.error_code == ErrorCode.not_leader_or_follower:
+                hint["current_leader"] = leaders.leader_id_and_epoch(
+                    nested(schema, "LeaderIdAndEpoch"),
+                    leadership.current_leader(topic.name, int(data.index)),
+                )
             partitions.append(
                 build(
                     partition_class,
@@ -163,10 +182,22 @@ def _response(
                     log_start_offset=result.log_start_offset,
                     record_errors=(),
                     error_message=result.message if result.error_code else None,
+                    **hint,
                 )
             )
         topics.append(build(topic_class, name=topic.name, partition_responses=tuple(partitions)))
-    return build(schema, responses=tuple(topics), throttle_time=datetime.timedelta(0))
+    endpoints: tuple[Any, ...] = ()
+    if hints:
+        endpoint_class = nested(schema, "NodeEndpoint")
+        endpoints = tuple(
+            leaders.node_endpoint(endpoint_class, b) for b in leadership.node_endpoints()
+        )
+    return build(
+        schema,
+        responses=tuple(topics),
+        throttle_time=datetime.timedelta(0),
+        node_endpoints=endpoints,
+    )
 
 
 def _timestamp(ms: int) -> datetime.datetime | None:

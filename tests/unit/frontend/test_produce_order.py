@@ -14,7 +14,7 @@ from kafscale.frontend import requests
 from kafscale.frontend.context import Broker
 from kafscale.frontend.dispatch import APIS
 from kafscale.ipc import messages
-from kafscale.metadata.records import BrokerRecord, TopicRecord
+from kafscale.metadata.records import BrokerRecord, LeaderRecord, TopicRecord
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol import codec
 from tests.unit.frontend.test_requests import FakeCoordinator, StaticView, decode_response
@@ -75,6 +75,9 @@ def test_a_single_shard_request_never_overtakes_an_earlier_request_to_two_shards
         cluster_id="abcdefghijklmnopqrstuv",
         brokers={3: BrokerRecord(node_id=3, host="127.0.0.1", port=19092)},
         topics={"orders": TopicRecord(name="orders", topic_id=str(uuid.uuid4()), partitions=2)},
+        leaders={
+            ("orders", p): LeaderRecord(owner=3, epoch=0, lease=1, run_id="r") for p in (0, 1)
+        },
     )
     view = StaticView(snapshot)
     shards = RecordingShards()

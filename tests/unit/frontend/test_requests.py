@@ -21,13 +21,14 @@ from kafscale.frontend.context import Broker
 from kafscale.frontend.dispatch import APIS
 from kafscale.ipc import messages
 from kafscale.ipc.messages import TopicResult, TopicSpec
-from kafscale.metadata.records import BrokerRecord, TopicRecord
+from kafscale.metadata.records import BrokerRecord, LeaderRecord, TopicRecord
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol import codec
 from kafscale.protocol.errors import ErrorCode, MalformedRequest, UnknownApi
 from tests.unit.protocol.test_codec import request_frame
 
 ORDERS_ID = uuid.uuid4()
+ORDERS_EPOCH = 5  # the leader epoch of every partition of "orders", all led by this broker (3)
 
 
 @dataclass
@@ -90,6 +91,10 @@ def make_broker(**env: str) -> Broker:
             4: BrokerRecord(node_id=4, host="10.0.0.4", port=9092, rack="r1"),
         },
         topics={"orders": TopicRecord(name="orders", topic_id=str(ORDERS_ID), partitions=3)},
+        leaders={
+            ("orders", p): LeaderRecord(owner=3, epoch=ORDERS_EPOCH, lease=1, run_id="r")
+            for p in range(3)
+        },
     )
     view = StaticView(snapshot)
     return Broker(config, view, APIS, FakeCoordinator(view), NoShards())
@@ -216,7 +221,11 @@ def test_metadata_all_topics_every_version(version: int) -> None:
     [topic] = response.topics
     assert topic.name == "orders" and topic.error_code == ErrorCode.none
     assert [p.partition_index for p in topic.partitions] == [0, 1, 2]
+    assert all(p.error_code == ErrorCode.none for p in topic.partitions)
     assert all(p.leader_id == 3 and tuple(p.replica_nodes) == (3,) for p in topic.partitions)
+    assert all(tuple(p.isr_nodes) == (3,) for p in topic.partitions)
+    if version >= 7:
+        assert all(p.leader_epoch == ORDERS_EPOCH for p in topic.partitions)
     if version >= 10:
         assert topic.topic_id == ORDERS_ID
 

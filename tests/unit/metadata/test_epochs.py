@@ -11,6 +11,7 @@ from kafscale.metadata.epochs import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     end_offset_for,
+    epoch_for_offset,
     history,
     started,
     truncated,
@@ -66,6 +67,20 @@ def test_end_offset_for_an_epoch(requested, expected):
 
 def test_an_epoch_older_than_every_known_one_ends_where_the_first_starts():
     assert end_offset_for([(3, 50), (4, 90)], 1, 100) == (1, 50)
+
+
+@pytest.mark.parametrize(
+    ("offset", "epoch"),
+    [(0, 0), (99, 0), (100, 2), (249, 2), (250, 5), (10_000, 5)],
+)
+def test_the_epoch_that_wrote_an_offset(offset, epoch):
+    # What ListOffsets names with the offset it finds (Kafka's epochForOffset).
+    assert epoch_for_offset(HISTORY, offset) == epoch
+
+
+def test_an_offset_before_the_history_has_no_epoch():
+    assert epoch_for_offset([(3, 50), (4, 90)], 49) == UNDEFINED_EPOCH
+    assert epoch_for_offset([], 0) == UNDEFINED_EPOCH
 
 
 @given(st.lists(st.integers(0, 1000), min_size=1, max_size=20), st.integers(0, 30))

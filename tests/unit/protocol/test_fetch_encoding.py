@@ -15,9 +15,11 @@ from kafscale.protocol import codec
 from kafscale.protocol.fetch import (
     MAX_VERSION,
     MIN_VERSION,
+    NO_LEADER,
     Buffer,
     FetchPartition,
     FetchTopic,
+    NodeEndpoint,
     encode_fetch_response,
 )
 
@@ -32,15 +34,22 @@ def kio_frame(
     throttle_time_ms: int = 0,
     error_code: int = 0,
     session_id: int = 0,
+    node_endpoints: Sequence[NodeEndpoint] = (),
 ) -> bytes:
     schema = codec.response_schema(FETCH, version)
     assert schema is not None
     topic_cls = codec.nested(schema, "FetchableTopicResponse")
     partition_cls = codec.nested(schema, "PartitionData")
     aborted_cls = codec.nested(schema, "AbortedTransaction")
+    flexible = version >= 12
 
     def partition(p: FetchPartition) -> Any:
         aborted = p.aborted_transactions
+        leader: dict[str, Any] = {}
+        if flexible:
+            leader_cls = codec.nested(schema, "LeaderIdAndEpoch")
+            leader_id, leader_epoch = p.current_leader
+            leader["current_leader"] = leader_cls(leader_id=leader_id, leader_epoch=leader_epoch)
         return codec.build(
             partition_cls,
             partition_index=p.partition,
@@ -53,8 +62,16 @@ def kio_frame(
             else tuple(aborted_cls(producer_id=i, first_offset=o) for i, o in aborted),
             preferred_read_replica=p.preferred_read_replica,
             records=None if p.records is None else b"".join(p.records),
+            **leader,
         )
 
+    endpoints: tuple[Any, ...] = ()
+    if version >= 16:
+        endpoint_cls = codec.nested(schema, "NodeEndpoint")
+        endpoints = tuple(
+            endpoint_cls(node_id=n.node_id, host=n.host, port=n.port, rack=n.rack)
+            for n in node_endpoints
+        )
     response = codec.build(
         schema,
         throttle_time=datetime.timedelta(milliseconds=throttle_time_ms),
@@ -69,6 +86,7 @@ def kio_frame(
             )
             for t in topics
         ),
+        node_endpoints=endpoints,
     )
     return codec.encode_response(correlation_id, response)
 
@@ -78,7 +96,7 @@ def record_chunks(topics: Sequence[FetchTopic]) -> list[Buffer]:
 
 
 def assert_encodes_like_kio(
-    version: int, correlation_id: int, topics: Sequence[FetchTopic], **top_level: int
+    version: int, correlation_id: int, topics: Sequence[FetchTopic], **top_level: Any
 ) -> list[Buffer]:
     buffers = encode_fetch_response(version, correlation_id, topics, **top_level)
     assert b"".join(buffers) == kio_frame(version, correlation_id, topics, **top_level)
@@ -144,6 +162,15 @@ SHAPES: dict[str, Callable[[], list[FetchTopic]]] = {
             FetchPartition(2, error_code=-1),
         )
     ],
+    "current leaders (KIP-951)": lambda: [
+        topic(
+            "moved",
+            FetchPartition(0, error_code=6, current_leader=(4, 7)),
+            FetchPartition(1, error_code=74, current_leader=(-1, 3), records=[]),
+            FetchPartition(2, records=[BATCH[:9]], current_leader=(200, 2**31 - 1)),
+            FetchPartition(3, error_code=6, current_leader=NO_LEADER),
+        )
+    ],
     "large records": lambda: [
         topic("big", FetchPartition(0, records=chunked(LARGE, 16384)), FetchPartition(1)),
         topic("bigger", FetchPartition(5, records=[HUGE])),
@@ -162,6 +189,21 @@ def test_top_level_fields(version: int) -> None:
     topics = SHAPES["several topics and partitions"]()
     top_level = {"throttle_time_ms": 250, "error_code": 71, "session_id": 123456789}
     assert_encodes_like_kio(version, -7, topics, **top_level)
+
+
+ENDPOINTS = [
+    NodeEndpoint(4, "10.0.0.4", 9092, rack="r1"),
+    NodeEndpoint(200, "broker-200.kafscale.svc.cluster.local", 19092),
+    NodeEndpoint(7, "ünïcode-名前", 1, rack=""),
+]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_node_endpoints_from_v16(version: int) -> None:
+    topics = SHAPES["current leaders (KIP-951)"]()
+    with_endpoints = assert_encodes_like_kio(version, 9, topics, node_endpoints=ENDPOINTS)
+    without = encode_fetch_response(version, 9, topics)
+    assert (b"".join(with_endpoints) != b"".join(without)) == (version >= 16)
 
 
 def test_records_stay_where_they_were_passed() -> None:
@@ -204,6 +246,17 @@ partitions = st.builds(
     aborted_transactions=st.none() | st.lists(st.tuples(i64s, i64s), max_size=3),
     preferred_read_replica=i32s,
     records=records,
+    current_leader=st.just(NO_LEADER) | st.tuples(i32s, i32s),
+)
+endpoints = st.lists(
+    st.builds(
+        NodeEndpoint,
+        node_id=i32s,
+        host=st.text(max_size=12),
+        port=i32s,
+        rack=st.none() | st.text(max_size=5),
+    ),
+    max_size=3,
 )
 topics = st.lists(
     st.builds(
@@ -217,10 +270,27 @@ topics = st.lists(
 
 
 @settings(max_examples=50, deadline=None)
-@given(topics=topics, correlation_id=i32s, throttle=i32s, error_code=error_codes, session=i32s)
+@given(
+    topics=topics,
+    correlation_id=i32s,
+    throttle=i32s,
+    error_code=error_codes,
+    session=i32s,
+    nodes=endpoints,
+)
 def test_matches_kio_for_any_response(
-    topics: list[FetchTopic], correlation_id: int, throttle: int, error_code: int, session: int
+    topics: list[FetchTopic],
+    correlation_id: int,
+    throttle: int,
+    error_code: int,
+    session: int,
+    nodes: list[NodeEndpoint],
 ) -> None:
-    top_level = {"throttle_time_ms": throttle, "error_code": error_code, "session_id": session}
+    top_level = {
+        "throttle_time_ms": throttle,
+        "error_code": error_code,
+        "session_id": session,
+        "node_endpoints": nodes,
+    }
     for version in VERSIONS:
         assert_encodes_like_kio(version, correlation_id, topics, **top_level)
