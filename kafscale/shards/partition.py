@@ -39,8 +39,6 @@ from kafscale.shards.segments import CommittedSegments
 
 log = logging.getLogger(__name__)
 
-LEADER_EPOCH = 0  # the frontend's until it reads epochs from leader keys (issue 16)
-
 
 class StaleTopic(Exception):
     """A request names a deleted topic that a newer topic of the same name has replaced."""
