@@ -77,6 +77,11 @@ class Config:
     s3_access_key: str = dataclasses.field(repr=False)
     s3_secret_key: str = dataclasses.field(repr=False)
     etcd_endpoints: tuple[str, ...]
+    etcd_ca_file: str
+    etcd_cert_file: str
+    etcd_key: str = dataclasses.field(repr=False)
+    etcd_username: str
+    etcd_password: str = dataclasses.field(repr=False)
     segment_bytes: int
     flush_interval_ms: int  # 0: auto (``flush_interval``)
     group_commit_ms: int
@@ -241,6 +246,22 @@ def _check_consistency(config: Config) -> None:
         )
     if bool(config.s3_access_key) != bool(config.s3_secret_key):
         raise ConfigError("KAFSCALE_S3_ACCESS_KEY and KAFSCALE_S3_SECRET_KEY must be set together")
+    if bool(config.etcd_cert_file) != bool(config.etcd_key):
+        raise ConfigError(
+            "KAFSCALE_ETCD_CERT_FILE and KAFSCALE_ETCD_KEY (or KAFSCALE_ETCD_KEY_FILE) must be "
+            "set together"
+        )
+    if bool(config.etcd_username) != bool(config.etcd_password):
+        raise ConfigError(
+            "KAFSCALE_ETCD_USERNAME and KAFSCALE_ETCD_PASSWORD (or KAFSCALE_ETCD_PASSWORD_FILE) "
+            "must be set together"
+        )
+    etcd_access = config.etcd_ca_file or config.etcd_cert_file or config.etcd_username
+    if etcd_access and not config.etcd_endpoints:
+        raise ConfigError(
+            "etcd TLS or authentication is set but KAFSCALE_ETCD_ENDPOINTS is empty: name the "
+            "etcd to use"
+        )
     if config.metrics_port and config.metrics_port == config.broker_port:
         raise ConfigError("KAFSCALE_METRICS_PORT must differ from KAFSCALE_BROKER_PORT")
 

@@ -130,12 +130,20 @@ def _endpoints(text: str) -> tuple[str, ...]:
     for endpoint in endpoints:
         if "@" in endpoint:  # user:password@host: the error must not echo it
             raise UnshowableValue(
-                "credentials in an endpoint are not accepted: etcd authentication is not "
-                "supported; give host:port[,host:port...]"
+                "credentials in an endpoint are not accepted: set KAFSCALE_ETCD_USERNAME and "
+                "KAFSCALE_ETCD_PASSWORD (or KAFSCALE_ETCD_PASSWORD_FILE); give "
+                "host:port[,host:port...]"
             )
         if not re.fullmatch(r"(https?://)?[\w.\-\[\]:]+:\d+", endpoint):
             raise ValueError(f"expected host:port[,host:port...], got {endpoint!r}")
     return endpoints
+
+
+def _pem_private_key(text: str) -> str:
+    value = text.strip()
+    if value and not re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", value):
+        raise UnshowableValue("expected a PEM private key (-----BEGIN ... PRIVATE KEY-----)")
+    return value
 
 
 class UnshowableValue(ValueError):
@@ -357,9 +365,44 @@ SETTINGS: tuple[Setting, ...] = (
         "etcd_endpoints",
         "",
         _endpoints,
-        "Comma-separated etcd endpoints; empty = SQLite metadata under KAFSCALE_DATA_DIR",
+        "Comma-separated etcd endpoints: host:port, http://host:port or https://host:port (TLS; "
+        "host:port is TLS too when KAFSCALE_ETCD_CA_FILE or KAFSCALE_ETCD_CERT_FILE is set); "
+        "calls go to one and move to the next when it fails; empty = SQLite metadata under "
+        "KAFSCALE_DATA_DIR",
         internal=True,
     ),
+    Setting(
+        "etcd_ca_file",
+        "",
+        _text,
+        "PEM file of the CAs etcd's server certificates are checked against (empty = the "
+        "system's roots)",
+        internal=True,
+    ),
+    Setting(
+        "etcd_cert_file",
+        "",
+        _text,
+        "PEM file of the client certificate presented to etcd (its --client-cert-auth); "
+        "with KAFSCALE_ETCD_KEY",
+        internal=True,
+    ),
+    Setting(
+        "etcd_key",
+        "",
+        _pem_private_key,
+        "Private key of KAFSCALE_ETCD_CERT_FILE, PEM (usually from the file "
+        "KAFSCALE_ETCD_KEY_FILE names)",
+        secret=True,
+    ),
+    Setting(
+        "etcd_username",
+        "",
+        _text,
+        "etcd user the broker authenticates as (etcd's auth enable); empty = no authentication",
+        internal=True,
+    ),
+    Setting("etcd_password", "", _text, "Password of KAFSCALE_ETCD_USERNAME", secret=True),
     Setting(
         "segment_bytes",
         "4MiB",

@@ -53,7 +53,7 @@ def open_metadata_store(config: Config) -> MetadataStore:
     if config.etcd_endpoints:
         from kafscale.metadata.etcd import EtcdMetadataStore  # grpc is heavy; import on demand
 
-        return EtcdMetadataStore(config.etcd_endpoints, timeout=config.etcd_timeout_ms / 1000)
+        return EtcdMetadataStore.from_config(config)
     from kafscale.metadata.sqlite import SqliteMetadataStore
 
     try:

@@ -115,8 +115,14 @@ def test_secrets_are_masked_in_the_logged_configuration() -> None:
 
 def test_credentials_are_settings_without_a_flag() -> None:
     secret = {s.env for s in configuration.SETTINGS if s.secret}
-    assert secret == {"KAFSCALE_S3_ACCESS_KEY", "KAFSCALE_S3_SECRET_KEY", "KAFSCALE_ADMIN_TOKEN"}
-    for field in ("s3_access_key", "s3_secret_key", "admin_token"):
+    assert secret == {
+        "KAFSCALE_S3_ACCESS_KEY",
+        "KAFSCALE_S3_SECRET_KEY",
+        "KAFSCALE_ADMIN_TOKEN",
+        "KAFSCALE_ETCD_KEY",
+        "KAFSCALE_ETCD_PASSWORD",
+    }
+    for field in ("s3_access_key", "s3_secret_key", "admin_token", "etcd_key", "etcd_password"):
         with pytest.raises(ConfigError, match=r"is not accepted.*_FILE") as refused:
             load({}, {field: "exposed-value"})
         assert "exposed-value" not in str(refused.value)

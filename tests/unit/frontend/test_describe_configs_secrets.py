@@ -20,6 +20,8 @@ CREDENTIALS = {
     "KAFSCALE_S3_ACCESS_KEY": "AKIAIOSFODNN7EXAMPLE",
     "KAFSCALE_S3_SECRET_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
     "KAFSCALE_ADMIN_TOKEN": "admin-token-0123456789",
+    "KAFSCALE_ETCD_KEY": "-----BEGIN PRIVATE KEY-----\nMIIEvQIBexample\n-----END PRIVATE KEY-----",
+    "KAFSCALE_ETCD_PASSWORD": "etcd-password-example",
 }
 LOCATIONS = {
     "KAFSCALE_S3_BUCKET": "bucket-of-record",
@@ -29,9 +31,18 @@ LOCATIONS = {
     "KAFSCALE_S3_NAMESPACE": "tenant-namespace",
     "KAFSCALE_DATA_DIR": "/srv/hidden-data-dir",
     "KAFSCALE_ETCD_ENDPOINTS": "etcd.internal.example:2379",
+    "KAFSCALE_ETCD_CA_FILE": "/etc/hidden-ca.pem",
+    "KAFSCALE_ETCD_CERT_FILE": "/etc/hidden-client.pem",
+    "KAFSCALE_ETCD_USERNAME": "hidden-etcd-user",
     "KAFSCALE_METRICS_PORT": "19193",
 }
-SENSITIVE = {"kafscale.s3.access.key", "kafscale.s3.secret.key", "kafscale.admin.token"}
+SENSITIVE = {
+    "kafscale.s3.access.key",
+    "kafscale.s3.secret.key",
+    "kafscale.admin.token",
+    "kafscale.etcd.key",
+    "kafscale.etcd.password",
+}
 HIDDEN = {
     "kafscale.s3.bucket",
     "kafscale.s3.endpoint",
@@ -40,6 +51,9 @@ HIDDEN = {
     "kafscale.s3.namespace",
     "kafscale.data.dir",
     "kafscale.etcd.endpoints",
+    "kafscale.etcd.ca.file",
+    "kafscale.etcd.cert.file",
+    "kafscale.etcd.username",
     "kafscale.metrics.port",
 }
 # Pieces of the configured values that no described value may contain.
@@ -51,6 +65,9 @@ NEVER_SHOWN = [
     "tenant-namespace",
     "hidden-data-dir",
     "etcd.internal.example",
+    "hidden-ca.pem",
+    "hidden-client.pem",
+    "hidden-etcd-user",
     "19193",
 ]
 

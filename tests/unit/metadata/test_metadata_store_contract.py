@@ -104,12 +104,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             return track(EtcdMetadataStore([endpoint]))
 
         def compact() -> None:
-            import etcd3  # already imported, without its warnings, by kafscale.metadata.etcd
-
-            host, port = endpoint.rsplit(":", 1)
-            client = etcd3.client(host, int(port))
-            client.compact(client.put(prefix + "~compact", b"").header.revision)
-            client.close()
+            other = track(EtcdMetadataStore([endpoint]))
+            other.compact(other.put(prefix + "~compact", b""))
 
     yield Backend(open_store(), prefix, open_store, compact, spec)
     for store in opened:
