@@ -201,6 +201,7 @@ def test_wildcard_bind_advertises_a_connectable_host() -> None:
 def test_readme_configuration_table_is_the_settings_table() -> None:
     assert configuration.markdown_table() in README.read_text()
 
+
 def test_broker_id_is_a_number_an_ordinal_or_auto() -> None:
     from kafscale.settings import AUTO_BROKER_ID, parse_broker_id
 
