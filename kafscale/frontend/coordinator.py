@@ -2,9 +2,10 @@
 
 Only the coordinator writes metadata. After it answers, the frontend waits until its own watched
 view holds the coordinator's writes, so a client that creates a topic and then asks for metadata
-sees the topic. A coordinator that cannot be reached (restarting) yields a retriable error for
-each topic instead of a hang; so does a coordinator that answers ``ErrorReply`` (it could not
-reach its metadata store).
+sees the topic -- and, for a creation, until its partitions have leaders (bounded), so a client
+that produces at once finds them led. A coordinator that cannot be reached (restarting) yields a
+retriable error for each topic instead of a hang; so does a coordinator that answers
+``ErrorReply`` (it could not reach its metadata store).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from kafscale.ipc.messages import (
     TopicSpec,
 )
 from kafscale.ipc.rpc import AsyncRpcClient, RpcError
-from kafscale.metadata.view import MetadataView
+from kafscale.metadata.view import MetadataView, Snapshot
 from kafscale.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_SECONDS = 30.0
+LEADERS_SECONDS = 10.0  # how long CreateTopics waits for the new partitions' leaders
 
 
 class CoordinatorFailed(RpcError):
@@ -48,7 +50,28 @@ class CoordinatorClient:
     ) -> list[TopicResult]:
         request = CreateTopics(topics=list(specs), validate_only=validate_only)
         names: list[str | None] = [spec.name for spec in specs]
-        return await self._call(request, names)
+        results = await self._call(request, names)
+        if not validate_only:
+            created = [r.name for r in results if r.error_code == 0 and r.name is not None]
+            await self._led(created)
+        return results
+
+    async def _led(self, topics: list[str]) -> None:
+        """Wait (bounded) until every partition of ``topics`` has a leader: the broker it is
+        assigned to claims it once its own view has the topic, and a client that produces
+        right after CreateTopics should find leaders, as with Kafka."""
+
+        def led(snapshot: Snapshot) -> bool:
+            for name in topics:
+                record = snapshot.topics.get(name)
+                if record is None:
+                    continue  # deleted meanwhile: nothing to wait for
+                if any((name, p) not in snapshot.leaders for p in range(record.partitions)):
+                    return False
+            return True
+
+        if topics and not await asyncio.to_thread(self.view.wait_until, led, LEADERS_SECONDS):
+            log.warning("new partitions have no leader yet", extra={"topics": topics})
 
     async def delete_topics(
         self, names: Sequence[str], topic_ids: Sequence[str]

@@ -96,6 +96,11 @@ class MetadataView:
         with self._advanced:
             return self._advanced.wait_for(lambda: self.snapshot.revision >= revision, timeout)
 
+    def wait_until(self, holds: Callable[[Snapshot], bool], timeout: float) -> bool:
+        """Block until ``holds`` is true of the view; False on timeout."""
+        with self._advanced:
+            return self._advanced.wait_for(lambda: holds(self.snapshot), timeout)
+
     def on_change(self, listener: Callable[[Snapshot], None]) -> None:
         """Call ``listener`` (on the watch thread) with every new snapshot."""
         self._listeners.append(listener)
@@ -108,8 +113,10 @@ class MetadataView:
 
     def _on_event(self, event: WatchEvent) -> None:
         with self._lock:
-            if event.mod_revision <= self.snapshot.revision:
-                return  # already part of the loaded state
+            # Older than the loaded state: already in it. Not at the same revision: the keys
+            # one transaction changes all carry its revision.
+            if event.mod_revision < self.snapshot.revision:
+                return
             self.snapshot = self._apply(
                 self.snapshot, event.type, event.key, event.value, event.mod_revision
             )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from kafscale.metadata import records
 from kafscale.metadata.records import Keys
 from kafscale.metadata.store import MetadataStore
 from kafscale.metadata.view import MetadataView
@@ -35,8 +36,12 @@ class NotLeader(Exception):
 class ShardLeases:
     def __init__(self, store: MetadataStore, namespace: str, me: int, lease: int) -> None:
         self.me, self.lease = me, lease
-        self.view = MetadataView(store, namespace, prefix=Keys(namespace).leaders)
+        self.store, self.keys = store, Keys(namespace)
+        self.view = MetadataView(store, namespace, prefix=self.keys.leaders)
         self.sealing: dict[Key, int] = {}  # partition -> the epoch being handed over
+        # Partitions found ours in the store before the view showed it: the key's revision
+        # (until the view reaches it, the view's silence about the key means nothing).
+        self._read_at: dict[Key, int] = {}
         self._seen_revision = -1
 
     def start(self) -> None:
@@ -53,11 +58,25 @@ class ShardLeases:
         return leader.epoch
 
     def require(self, topic: str, partition: int) -> int:
-        """Our epoch of the partition; ``NotLeader`` if it is not ours."""
+        """Our epoch of the partition; ``NotLeader`` if it is not ours. A partition our view
+        does not show as ours yet is looked up in the store: the frontend routes a request
+        here once its own view shows our claim, which this view may not have caught up with."""
         epoch = self.epoch(topic, partition)
+        if epoch is None:
+            epoch = self._read(topic, partition)
         if epoch is None:
             raise NotLeader(f"this broker does not own {topic}/{partition}")
         return epoch
+
+    def _read(self, topic: str, partition: int) -> int | None:
+        kv = self.store.get(self.keys.leader(topic, partition))
+        if kv is None:
+            return None
+        leader = records.decode_leader(kv.value)
+        if (leader.owner, leader.lease) != (self.me, self.lease):
+            return None
+        self._read_at[(topic, partition)] = kv.mod_revision
+        return leader.epoch
 
     def require_writable(self, topic: str, partition: int) -> int:
         """As ``require``, and not being handed over."""
@@ -74,7 +93,15 @@ class ShardLeases:
 
     def lost(self, loaded: Mapping[Key, int]) -> list[Key]:
         """The partitions of ``loaded`` (key -> epoch loaded at) no longer ours at that epoch."""
-        return [key for key, epoch in loaded.items() if self.epoch(*key) != epoch]
+        revision = self.view.snapshot.revision
+        for key, read_at in list(self._read_at.items()):
+            if revision >= read_at:
+                del self._read_at[key]  # the view has caught up: it decides again
+        return [
+            key
+            for key, epoch in loaded.items()
+            if key not in self._read_at and self.epoch(*key) != epoch
+        ]
 
     def forget(self, keys: Iterable[Key]) -> None:
         for key in keys:

@@ -370,7 +370,7 @@ class Shard:
         for key in self.leases.lost(loaded):
             self._close(key, "this broker no longer owns it at the epoch it was loaded at")
         self.leases.forget(
-            key for key, epoch in self.leases.sealing.items() if self.leases.epoch(*key) != epoch
+            [key for key, epoch in self.leases.sealing.items() if self.leases.epoch(*key) != epoch]
         )
 
     def _close(self, key: Key, reason: str) -> None:

@@ -1,9 +1,12 @@
-"""The store lock: one broker, and only one, writes a store, until scale-out (issue 16) lands.
+"""The store lock: one broker, and only one, writes a store that cannot be shared.
 
 A store is a namespace (``KAFSCALE_S3_NAMESPACE``) of one metadata store plus the objects it
-describes. Two brokers writing one store both assign offsets from the same high watermark and
-overwrite each other's segments, so the supervisor takes the store lock before any child boots,
-holds it for the broker's life, and releases it on a clean shutdown (after every child stopped).
+describes. On etcd and S3 any number of brokers share one: each partition has one fenced owner
+(docs/design/scale-out.md), and there is no store lock. A store with a local side -- SQLite
+metadata or objects in the data directory -- can only be one machine's, so there the supervisor
+takes the store lock before any child boots, holds it for the broker's life, and releases it on a
+clean shutdown (after every child stopped): a second broker there would find partitions it can
+claim but objects it cannot read.
 
 - **The metadata lock** (``StoreLock``): the key ``/kafscale/{ns}/owner``, created put-if-absent
   in one transaction and attached to a lease of ``KAFSCALE_STORE_LOCK_TTL_MS`` (whole seconds)
@@ -25,19 +28,20 @@ holds it for the broker's life, and releases it on a clean shutdown (after every
   retries a failed refresh every second and, after every refresh, re-reads the key: still ours
   (our lease) -- carry on; gone (the lease lapsed, say etcd was paused longer than the TTL) --
   take it again; held by another broker -- the lock is lost: ``on_lost`` is called with a
-  message naming the new holder, and the supervisor stops at once without a drain. Until issue
-  16's epoch fencing, a broker that lost its lock may still write for up to a third of a TTL (+ a
-  store timeout) before it notices: the lock prevents a second writer, it does not fence one.
+  message naming the new holder, and the supervisor stops at once without a drain. Writes of a
+  broker that lost its lock are fenced by the partition leader keys on its broker lease
+  (``kafscale.supervisor.membership``), which the same lapse ended.
 - **Embedded backends** (``DataDirLock``): an exclusive ``flock`` on ``{data_dir}/broker.lock``
   whenever the data directory holds state (SQLite metadata or local segments). The OS releases
   it when the last process holding it exits -- the fd is inherited by every child, so children
   still draining after a SIGKILLed supervisor keep it -- and the file holds the holder's
   ``OwnerRecord`` for the refusal message. With SQLite metadata in that directory, holding the
-  flock proves that any ``owner`` key found there, and any broker registration, is a dead
-  broker's: the key is taken over and the registrations are deleted at once, so a restart after
-  a crash waits for no lease.
+  flock proves that any ``owner`` key found there, and any broker registration or partition
+  leader key, is a dead broker's: the key is taken over and the others are deleted at once, so a
+  restart after a crash waits for no lease.
 
-Broker registration (``kafscale.coordinator.registry``) is put-if-absent too: defence in depth.
+Broker registration (``kafscale.supervisor.membership``) is put-if-absent too: two brokers never
+share a node id, on any store.
 """
 
 from __future__ import annotations
@@ -187,12 +191,20 @@ class StoreLock:
             self._delete_dead_registrations()
 
     def _delete_dead_registrations(self) -> None:
-        """Before our coordinator boots, every registration found is a dead broker's."""
+        """Before we join, every registration found is a dead broker's, and so is every key
+        on its lease: the leader keys of its partitions and the chores key (left until the
+        lease ran out, they would keep this broker from claiming anything until then)."""
         for kv in self.store.get_prefix(self.keys.brokers):
             if self.store.transaction(
                 [Compare(kv.key, mod_revision=kv.mod_revision)], [Delete(kv.key)]
             ).succeeded:
                 log.info("deleted the registration of a broker that is gone", extra={"key": kv.key})
+        chores = self.store.get(self.keys.chores)
+        leased = [*self.store.get_prefix(self.keys.leaders), *([chores] if chores else [])]
+        for found in leased:
+            self.store.transaction(
+                [Compare(found.key, mod_revision=found.mod_revision)], [Delete(found.key)]
+            )
 
     def _acquire(self, lease: Lease) -> None:
         deadline: float | None = None
@@ -322,21 +334,24 @@ def _revoke_quietly(lease: Lease) -> None:
 
 
 class Ownership:
-    """Both locks of one broker: the data directory's (if it holds state) and the store's."""
+    """The locks of one broker: the data directory's (if it holds state) and the store's (if
+    the store cannot be shared); neither on etcd + S3."""
 
-    def __init__(self, store_lock: StoreLock, dir_lock: DataDirLock | None) -> None:
+    def __init__(self, store_lock: StoreLock | None, dir_lock: DataDirLock | None) -> None:
         self.store_lock = store_lock
         self.dir_lock = dir_lock
 
     @property
     def lost(self) -> str | None:
-        return self.store_lock.lost
+        return self.store_lock.lost if self.store_lock is not None else None
 
     def keep(self, on_lost: Callable[[str], None]) -> None:
-        self.store_lock.keep(on_lost)
+        if self.store_lock is not None:
+            self.store_lock.keep(on_lost)
 
     def release(self) -> None:
-        self.store_lock.release()
+        if self.store_lock is not None:
+            self.store_lock.release()
         if self.dir_lock is not None:
             self.dir_lock.release()
 
@@ -345,25 +360,24 @@ def acquire(config: Config, store: MetadataStore, run_id: str) -> Ownership:
     """Take this broker's locks, in order: the data directory, then the store.
 
     Raises ``StoreLocked`` (naming the holder) or ``MetadataStoreError``."""
+    if config.uses_s3 and config.uses_etcd:
+        return Ownership(None, None)  # shared by design: partitions are fenced one by one
     ttl_s = config.store_lock_ttl_s
     record = owner_record(config, run_id, ttl_s)
-    dir_lock: DataDirLock | None = None
-    if not (config.uses_s3 and config.uses_etcd):  # the data directory holds state
-        dir_lock = DataDirLock(config.data_dir)
-        holder = dir_lock.acquire(msgspec.json.encode(record))
-        if holder is not None:
-            raise StoreLocked(
-                f"the data directory {os.path.abspath(config.data_dir)} is in use by "
-                f"{describe_owner(holder)}{_gone(holder)}: one data directory, one broker"
-            )
+    dir_lock = DataDirLock(config.data_dir)  # not etcd + S3: the data directory holds state
+    holder = dir_lock.acquire(msgspec.json.encode(record))
+    if holder is not None:
+        raise StoreLocked(
+            f"the data directory {os.path.abspath(config.data_dir)} is in use by "
+            f"{describe_owner(holder)}{_gone(holder)}: one data directory, one broker"
+        )
     store_lock = StoreLock(
         store, config.s3_namespace, record, ttl_s, holder_is_dead=not config.uses_etcd
     )
     try:
         store_lock.acquire()
     except BaseException:
-        if dir_lock is not None:
-            dir_lock.release()
+        dir_lock.release()
         raise
     return Ownership(store_lock, dir_lock)
 

@@ -4,6 +4,7 @@ from pathlib import Path
 from kafscale.metadata import records
 from kafscale.metadata.records import BrokerRecord, Keys, LeaderRecord, TopicRecord
 from kafscale.metadata.sqlite import SqliteMetadataStore
+from kafscale.metadata.store import Put
 from kafscale.metadata.view import MetadataView, Snapshot
 
 
@@ -78,6 +79,29 @@ def test_view_follows_partition_leaders(tmp_path: Path) -> None:
         while ("orders", 1) not in wait_for_snapshot(view, changed).leaders:
             pass
         assert view.snapshot.leaders == {("orders", 0): second, ("orders", 1): first}
+    finally:
+        view.stop()
+        writer.close()
+        reader.close()
+
+
+def test_view_applies_every_key_of_one_transaction(tmp_path: Path) -> None:
+    path = str(tmp_path / "metadata.sqlite")
+    writer, reader = SqliteMetadataStore(path), SqliteMetadataStore(path)
+    keys = Keys("ns")
+    view = MetadataView(reader, "ns")
+    changed = threading.Event()
+    view.on_change(lambda _: changed.set())
+    view.start()
+    try:
+        claims = [
+            Put(keys.leader("orders", p), records.encode(LeaderRecord(1, 0, 7, "r")))
+            for p in range(3)
+        ]
+        writer.transaction([], claims)  # three keys, one revision
+        while len(wait_for_snapshot(view, changed).leaders) < 3:
+            pass
+        assert sorted(view.snapshot.leaders) == [("orders", 0), ("orders", 1), ("orders", 2)]
     finally:
         view.stop()
         writer.close()

@@ -297,21 +297,43 @@ def test_a_second_broker_on_one_data_dir_is_refused_at_once(tmp_path: Path) -> N
         second_store.close()
 
 
-def test_with_s3_and_etcd_the_lock_is_per_namespace(etcd_server: Any, tmp_path: Path) -> None:
-    shared = {
-        "data_dir": str(tmp_path / "data"),
-        "s3_bucket": "one-bucket",
-        "etcd_endpoints": etcd_server.endpoint,
-        "store_lock_ttl_ms": "2000",
-    }
+def test_with_s3_and_etcd_brokers_share_the_store(etcd_server: Any, tmp_path: Path) -> None:
+    # Scale-out: partitions are fenced one by one (leader keys), so the store takes no lock.
+    shared = {"s3_bucket": "one-bucket", "etcd_endpoints": etcd_server.endpoint}
+    store = EtcdMetadataStore([etcd_server.endpoint])
+    ns = namespace()
+    first = ownership.acquire(
+        config(**shared, data_dir=str(tmp_path / "a"), s3_namespace=ns), store, "run-a"
+    )
+    second = ownership.acquire(
+        config(**shared, data_dir=str(tmp_path / "b"), s3_namespace=ns), store, "run-b"
+    )
+    for owned in (first, second):
+        assert owned.store_lock is None and owned.dir_lock is None and owned.lost is None
+        owned.keep(lambda reason: None)
+        owned.release()
+    assert store.get(Keys(ns).owner) is None
+    store.close()
+
+
+def test_with_etcd_and_local_objects_the_lock_is_per_namespace(
+    etcd_server: Any, tmp_path: Path
+) -> None:
+    # Objects in a data directory are one machine's: one broker per namespace.
+    shared = {"etcd_endpoints": etcd_server.endpoint, "store_lock_ttl_ms": "2000"}
     store = EtcdMetadataStore([etcd_server.endpoint])
     ns_a, ns_b = namespace(), namespace()
-    first = ownership.acquire(config(**shared, s3_namespace=ns_a), store, "run-a")
+    first = ownership.acquire(
+        config(**shared, data_dir=str(tmp_path / "a"), s3_namespace=ns_a), store, "run-a"
+    )
     first.keep(lambda reason: None)
-    other_namespace = ownership.acquire(config(**shared, s3_namespace=ns_b), store, "run-b")
-    assert first.dir_lock is None  # the data directory holds no state: no flock
+    other_namespace = ownership.acquire(
+        config(**shared, data_dir=str(tmp_path / "b"), s3_namespace=ns_b), store, "run-b"
+    )
     with pytest.raises(StoreLocked, match="run-a"):
-        ownership.acquire(config(**shared, s3_namespace=ns_a), store, "run-c")
+        ownership.acquire(
+            config(**shared, data_dir=str(tmp_path / "c"), s3_namespace=ns_a), store, "run-c"
+        )
     first.release()
     other_namespace.release()
     store.close()
@@ -319,19 +341,18 @@ def test_with_s3_and_etcd_the_lock_is_per_namespace(etcd_server: Any, tmp_path: 
 
 def test_concurrent_acquires_have_one_winner(etcd_server: Any, tmp_path: Path) -> None:
     ns = namespace()
-    settings = config(
-        data_dir=str(tmp_path),
-        s3_bucket="b",
-        etcd_endpoints=etcd_server.endpoint,
-        s3_namespace=ns,
-        store_lock_ttl_ms="2000",
-    )
     stores = [EtcdMetadataStore([etcd_server.endpoint]) for _ in range(4)]
     outcomes: dict[int, ownership.Ownership | Exception] = {}
     start = threading.Barrier(len(stores))
 
     def contend(index: int) -> None:
         start.wait()
+        settings = config(  # etcd with objects in each broker's own data directory
+            data_dir=str(tmp_path / str(index)),
+            etcd_endpoints=etcd_server.endpoint,
+            s3_namespace=ns,
+            store_lock_ttl_ms="2000",
+        )
         try:
             owned = ownership.acquire(settings, stores[index], f"run-{index}")
             owned.keep(lambda reason: None)  # a running holder refreshes its lease

@@ -1,0 +1,258 @@
+"""Several brokers on one bucket and etcd namespace: one fenced owner per partition.
+
+Three real `kafscale serve` process families on this machine, on the suite's real etcd and MinIO,
+driven by librdkafka (confluent-kafka): leaders spread and every broker says the same; a leader
+SIGKILLed under acks=all idempotent load loses nothing acknowledged and duplicates nothing; a
+SIGSTOPped owner woken after its lease can land nothing; a SIGTERMed broker hands its partitions
+over. Every test ends with the shared history check (tests/harness/history.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kafscale.metadata import records
+from kafscale.metadata.etcd import EtcdMetadataStore
+from kafscale.metadata.records import Keys
+from tests.harness.history import History, value
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "scale-out"
+PARTITIONS = 6
+# A short broker lease: failover waits for the dead owner's lease to run out.
+FAST = {"KAFSCALE_STORE_LOCK_TTL_MS": "6000", "KAFSCALE_SHARDS": "1"}
+
+
+def start_cluster(start_broker: Callable[..., Any], size: int) -> list[Any]:
+    brokers = [
+        start_broker(backends="real", env={**FAST, "KAFSCALE_BROKER_ID": str(i)})
+        for i in range(size)
+    ]
+    for broker in brokers:
+        broker.wait_ready()
+    return brokers
+
+
+def bootstrap(brokers: list[Any]) -> str:
+    return ",".join(broker.bootstrap for broker in brokers)
+
+
+def create_topic(brokers: list[Any], partitions: int = PARTITIONS) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(timeout=60)
+
+
+def leaders_seen_by(broker: Any) -> dict[int, tuple[int, int]]:
+    """partition -> (leader node id, leader epoch) as this one broker's Metadata answers; the
+    epoch from the leader key in etcd (confluent-kafka's metadata does not show it)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    metadata = admin.list_topics(TOPIC, timeout=20)
+    store = EtcdMetadataStore(list(broker.env["KAFSCALE_ETCD_ENDPOINTS"].split(",")))
+    try:
+        keys = Keys(broker.env["KAFSCALE_S3_NAMESPACE"])
+        epochs = {}
+        for kv in store.get_prefix(keys.topic_leaders(TOPIC)):
+            parsed = keys.parse_leader(kv.key)
+            if parsed is not None:
+                epochs[parsed[1]] = records.decode_leader(kv.value).epoch
+    finally:
+        store.close()
+    return {
+        p.id: (p.leader, epochs.get(p.id, -1)) for p in metadata.topics[TOPIC].partitions.values()
+    }
+
+
+def wait_for_leaders(
+    brokers: list[Any], live: set[int], timeout: float = 60
+) -> dict[int, tuple[int, int]]:
+    """Every partition led by a broker of ``live``, and every broker of ``brokers`` agreeing."""
+    deadline = time.monotonic() + timeout
+    seen: list[dict[int, tuple[int, int]]] = []
+    while time.monotonic() < deadline:
+        seen = [leaders_seen_by(broker) for broker in brokers]
+        first = seen[0]
+        if (
+            len(first) == PARTITIONS
+            and all(leader in live for leader, _ in first.values())
+            and all(other == first for other in seen[1:])
+        ):
+            return first
+        time.sleep(0.5)
+    raise AssertionError(f"leaders did not settle on {live}: {seen}")
+
+
+class LoadProducer:
+    """An idempotent acks=all producer sending to every partition from a thread until stopped,
+    recording each acknowledgement in ``history``."""
+
+    def __init__(self, brokers: list[Any], history: History, name: str) -> None:
+        from confluent_kafka import Producer
+
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap(brokers),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 120_000,
+            }
+        )
+        self.history, self.name = history, name
+        self.sent = 0
+        self.errors: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_acked(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.history.acked) < count:
+            assert time.monotonic() < deadline, f"only {len(self.history.acked)} acked"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=180)
+        assert self.producer.flush(120) == 0, "records still in flight after 120 s"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            data = value(self.name, self.sent)
+            try:
+                self.producer.produce(
+                    TOPIC, data, partition=self.sent % PARTITIONS, on_delivery=self._delivered
+                )
+                self.sent += 1
+            except BufferError:
+                pass
+            self.producer.poll(0.002)
+
+    def _delivered(self, err: Any, message: Any) -> None:
+        if err is not None:
+            self.errors[err.name()] += 1
+        else:
+            self.history.ack(TOPIC, message.partition(), message.offset(), message.value())
+
+
+def read_everything(brokers: list[Any], history: History, expected: int) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap(brokers),
+            "group.id": "scale-out-reader",
+            "enable.auto.commit": False,
+        }
+    )
+    read = 0
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline, quiet_since = time.monotonic() + 120, time.monotonic()
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                if read >= expected and time.monotonic() - quiet_since > 3:
+                    return
+                continue
+            history.saw(TOPIC, message.partition(), message.offset(), message.value())
+            read += 1
+            quiet_since = time.monotonic()
+    finally:
+        consumer.close()
+
+
+def test_leaders_spread_over_three_brokers_and_every_broker_agrees(
+    start_broker: Callable[..., Any],
+) -> None:
+    brokers = start_cluster(start_broker, 3)
+    create_topic(brokers)
+    leaders = wait_for_leaders(brokers, {0, 1, 2})
+    assert sorted(Counter(leader for leader, _ in leaders.values()).values()) == [2, 2, 2]
+
+
+def test_a_sigkilled_leader_under_idempotent_load_loses_and_duplicates_nothing(
+    start_broker: Callable[..., Any],
+) -> None:
+    brokers = start_cluster(start_broker, 3)
+    create_topic(brokers)
+    before = wait_for_leaders(brokers, {0, 1, 2})
+    history = History()
+    load = LoadProducer(brokers, history, "p1")
+    load.start()
+    load.wait_acked(2000)
+    brokers[1].kill()  # the whole process family, no goodbye
+    survivors = [brokers[0], brokers[2]]
+    after = wait_for_leaders(survivors, {0, 2})
+    moved = [p for p, (leader, _) in before.items() if leader == 1]
+    assert all(after[p][1] > before[p][1] for p in moved)  # new owners at newer epochs
+    acked_at_failover = len(history.acked)
+    load.wait_acked(acked_at_failover + 2000, timeout=120)
+    load.stop()
+    read_everything(survivors, history, len(history.acked))
+    print(history.check(), dict(load.errors))
+
+
+def test_a_paused_owner_woken_after_its_lease_lands_nothing(
+    start_broker: Callable[..., Any],
+) -> None:
+    brokers = start_cluster(start_broker, 3)
+    create_topic(brokers)
+    before = wait_for_leaders(brokers, {0, 1, 2})
+    history = History()
+    load = LoadProducer(brokers, history, "p1")
+    load.start()
+    load.wait_acked(1000)
+    paused = brokers[2]
+    family = [paused.pid, *paused.children()]
+    for pid in family:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        survivors = [brokers[0], brokers[1]]
+        wait_for_leaders(survivors, {0, 1})  # its lease ran out: others own its partitions
+        load.wait_acked(len(history.acked) + 1000, timeout=120)
+    finally:
+        for pid in family:
+            os.kill(pid, signal.SIGCONT)
+    # Woken, it finds its lease gone and stops without committing anything it held.
+    assert paused.wait(timeout=60) == 1
+    assert "broker lease" in paused.log_text()
+    load.wait_acked(len(history.acked) + 500, timeout=120)
+    load.stop()
+    after = wait_for_leaders(survivors, {0, 1})
+    moved = [p for p, (leader, _) in before.items() if leader == 2]
+    assert all(after[p][1] > before[p][1] for p in moved)
+    read_everything(survivors, history, len(history.acked))
+    print(history.check(), dict(load.errors))
+
+
+def test_a_sigtermed_broker_hands_its_partitions_over(start_broker: Callable[..., Any]) -> None:
+    brokers = start_cluster(start_broker, 3)
+    create_topic(brokers)
+    wait_for_leaders(brokers, {0, 1, 2})
+    history = History()
+    load = LoadProducer(brokers, history, "p1")
+    load.start()
+    load.wait_acked(1000)
+    assert brokers[0].terminate() == 0
+    assert "every partition handed over" in brokers[0].log_text()
+    survivors = brokers[1:]
+    wait_for_leaders(survivors, {1, 2}, timeout=30)
+    load.wait_acked(len(history.acked) + 1000, timeout=120)
+    load.stop()
+    read_everything(survivors, history, len(history.acked))
+    print(history.check(), dict(load.errors))
