@@ -103,6 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
         default="http://127.0.0.1:9093",
         help="the broker's metrics endpoint [default: %(default)s]",
     )
+    drain = commands.add_parser(
+        "drain",
+        help="hand every partition of a running broker over to the other brokers",
+        description="Ask a running broker to hand every partition over to the other brokers of "
+        "its cluster (each sealed, committed and released) and to take no more (POST /drain on "
+        "its metrics port): a Kubernetes preStop hook, before the pod is stopped. The broker "
+        "keeps running, owning nothing, until it is stopped. The broker's admin token is read "
+        "from KAFSCALE_ADMIN_TOKEN or the file KAFSCALE_ADMIN_TOKEN_FILE names. Exit status 0 "
+        "once everything is handed over.",
+    )
+    drain.add_argument(
+        "--metrics-url",
+        default="http://127.0.0.1:9093",
+        help="the broker's metrics endpoint [default: %(default)s]",
+    )
+    drain.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the answer [default: %(default)s]",
+    )
     return parser
 
 
@@ -112,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(vars(args))
     if args.command == "flush":
         return flush(args.metrics_url)
+    if args.command == "drain":
+        return admin_post("drain", args.metrics_url, args.timeout)
     if args.command == "segments":
         from kafscale.storage import inspect, inspect_log
 
@@ -122,31 +145,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def flush(metrics_url: str) -> int:
+    return admin_post("flush", metrics_url, 120.0)
+
+
+def admin_post(command: str, metrics_url: str, timeout: float) -> int:
+    """POST /{command} to a running broker with its admin token; 0 when it answered 200."""
     try:
         token = configuration.read_secret(
             configuration.SETTINGS_BY_FIELD["admin_token"], os.environ
         )
     except configuration.ConfigError as exc:
-        print(f"kafscale flush: {exc}", file=sys.stderr)
+        print(f"kafscale {command}: {exc}", file=sys.stderr)
         return 2
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(
-        metrics_url.rstrip("/") + "/flush", method="POST", headers=headers
+        metrics_url.rstrip("/") + f"/{command}", method="POST", headers=headers
     )
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             print(response.read().decode().strip())
             return 0
     except urllib.error.HTTPError as error:
         print(error.read().decode().strip(), file=sys.stderr)
         if error.code == 401:
             print(
-                "kafscale flush: set KAFSCALE_ADMIN_TOKEN (or KAFSCALE_ADMIN_TOKEN_FILE) to the "
-                "broker's admin token",
+                f"kafscale {command}: set KAFSCALE_ADMIN_TOKEN (or KAFSCALE_ADMIN_TOKEN_FILE) to "
+                "the broker's admin token",
                 file=sys.stderr,
             )
     except (urllib.error.URLError, OSError) as error:
-        print(f"kafscale flush: cannot reach {metrics_url}: {error}", file=sys.stderr)
+        print(f"kafscale {command}: cannot reach {metrics_url}: {error}", file=sys.stderr)
     return 1
 
 

@@ -25,13 +25,13 @@ from typing import NoReturn
 import zmq
 
 from kafscale.config import Config
-from kafscale.ipc import endpoints, messages
-from kafscale.ipc.rpc import RpcClient, RpcError
+from kafscale.ipc import endpoints
+from kafscale.ipc.rpc import RpcClient
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.storage import ObjectStore, open_object_store
-from kafscale.supervisor import ownership
+from kafscale.supervisor import admin, ownership
 from kafscale.supervisor.arbiter import Arbiter, StartupError
 from kafscale.supervisor.health import HealthChecker, HealthServer
 from kafscale.supervisor.membership import BrokerIdTaken, Membership
@@ -173,7 +173,13 @@ def _supervise(
     checks: dict[str, Callable[[], None]] = {"objects": objects.check, "metadata": store.check}
     checker = HealthChecker(arbiter.runtime_dir, arbiter.children, checks)
     try:
-        http = HealthServer(config.broker_host, config.metrics_port, checker, config.admin_token)
+        http = HealthServer(
+            config.broker_host,
+            config.metrics_port,
+            checker,
+            config.admin_token,
+            drain=lambda: admin.drain(arbiter.runtime_dir, member.set_draining, HANDOVER_WAIT_S),
+        )
     except OSError as exc:
         raise StartupError(
             f"cannot listen on {config.broker_host}:{config.metrics_port} "
@@ -208,19 +214,8 @@ def _hand_over(arbiter: Arbiter, member: Membership) -> None:
     member.set_draining()
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     coordinator = RpcClient(context, endpoints.address(arbiter.runtime_dir, "coordinator"))
-
-    def handed_over() -> bool:
-        try:
-            reply = coordinator.call(messages.Drain(), timeout_ms=2000)
-        except RpcError as exc:
-            log.warning(
-                "the coordinator does not answer the hand-over yet", extra={"error": str(exc)}
-            )
-            return False
-        return isinstance(reply.message, messages.Draining) and reply.message.remaining == 0
-
     try:
-        if arbiter.supervise_while(handed_over, HANDOVER_WAIT_S):
+        if arbiter.supervise_while(lambda: admin.handed_over(coordinator) == 0, HANDOVER_WAIT_S):
             log.info("every partition handed over")
         else:
             log.warning("stopping before every partition was handed over")

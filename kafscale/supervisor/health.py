@@ -1,4 +1,5 @@
-"""/metrics, /healthz and /readyz on ``KAFSCALE_METRICS_PORT``, served by the supervisor.
+"""/metrics, /healthz, /readyz, POST /flush and POST /drain on ``KAFSCALE_METRICS_PORT``, served
+by the supervisor.
 
 - ``/healthz``: 200 while the supervisor runs (process alive).
 - ``/readyz``: 200 when every child is up and answered its last ping, and both backends answered
@@ -133,8 +134,15 @@ class HealthChecker:
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, checker: HealthChecker, admin_token: str = "") -> None:
-        handler = _handler_class(checker, admin_token)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        checker: HealthChecker,
+        admin_token: str = "",
+        drain: Callable[[], int | None] | None = None,
+    ) -> None:
+        handler = _handler_class(checker, admin_token, drain)
         self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
@@ -158,7 +166,7 @@ def authorized(header: str | None, admin_token: str) -> bool:
 
 
 def _handler_class(
-    checker: HealthChecker, admin_token: str
+    checker: HealthChecker, admin_token: str, drain: Callable[[], int | None] | None
 ) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -177,14 +185,24 @@ def _handler_class(
                 self._send(404, b"not found\n", "text/plain")
 
         def do_POST(self) -> None:
-            if self.path.split("?", 1)[0] != "/flush":
+            path = self.path.split("?", 1)[0]
+            if path not in ("/flush", "/drain") or (path == "/drain" and drain is None):
                 self._send(404, b"not found\n", "text/plain")
                 return
             if not admin_token:
-                self._refuse(403, "POST /flush is disabled: the broker has no KAFSCALE_ADMIN_TOKEN")
+                self._refuse(
+                    403, f"POST {path} is disabled: the broker has no KAFSCALE_ADMIN_TOKEN"
+                )
                 return
             if not authorized(self.headers.get("Authorization"), admin_token):
-                self._refuse(401, "POST /flush needs Authorization: Bearer <admin token>")
+                self._refuse(401, f"POST {path} needs Authorization: Bearer <admin token>")
+                return
+            if path == "/drain":
+                assert drain is not None
+                log.info("drain requested", extra={"peer": self.client_address[0]})
+                left = drain()
+                body = json.dumps({"drained": left == 0, "partitions_left": left})
+                self._send(200 if left == 0 else 503, body.encode() + b"\n", "application/json")
                 return
             log.info("flush requested", extra={"peer": self.client_address[0]})
             outcome = admin.flush_all(checker.runtime_dir, checker.children)

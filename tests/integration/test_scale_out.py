@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -32,9 +34,11 @@ PARTITIONS = 6
 FAST = {"KAFSCALE_STORE_LOCK_TTL_MS": "6000", "KAFSCALE_SHARDS": "1"}
 
 
-def start_cluster(start_broker: Callable[..., Any], size: int) -> list[Any]:
+def start_cluster(
+    start_broker: Callable[..., Any], size: int, env: dict[str, str] | None = None
+) -> list[Any]:
     brokers = [
-        start_broker(backends="real", env={**FAST, "KAFSCALE_BROKER_ID": str(i)})
+        start_broker(backends="real", env={**FAST, **(env or {}), "KAFSCALE_BROKER_ID": str(i)})
         for i in range(size)
     ]
     for broker in brokers:
@@ -255,4 +259,35 @@ def test_a_sigtermed_broker_hands_its_partitions_over(start_broker: Callable[...
     load.wait_acked(len(history.acked) + 1000, timeout=120)
     load.stop()
     read_everything(survivors, history, len(history.acked))
+    print(history.check(), dict(load.errors))
+
+
+def test_kafscale_drain_hands_everything_over_before_the_stop(
+    start_broker: Callable[..., Any],
+) -> None:
+    # What the StatefulSet's preStop hook runs: the broker keeps running, owning nothing.
+    token = "drain-token-" + "x" * 16
+    brokers = start_cluster(start_broker, 3, {"KAFSCALE_ADMIN_TOKEN": token})
+    create_topic(brokers)
+    wait_for_leaders(brokers, {0, 1, 2})
+    history = History()
+    load = LoadProducer(brokers, history, "p1")
+    load.start()
+    load.wait_acked(1000)
+    drain = subprocess.run(
+        [sys.executable, "-m", "kafscale", "drain", "--metrics-url",
+         f"http://127.0.0.1:{brokers[0].metrics_port}"],
+        env={**os.environ, "KAFSCALE_ADMIN_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert drain.returncode == 0, drain.stderr
+    assert '"drained": true' in drain.stdout
+    wait_for_leaders(brokers, {1, 2}, timeout=30)  # every broker, the drained one too, agrees
+    assert brokers[0].running
+    load.wait_acked(len(history.acked) + 1000, timeout=120)
+    assert brokers[0].terminate() == 0
+    load.stop()
+    read_everything(brokers[1:], history, len(history.acked))
     print(history.check(), dict(load.errors))

@@ -188,3 +188,30 @@ def test_authorized_compares_the_whole_token() -> None:
     assert not health.authorized("Bearer ", "")
     assert not health.authorized(None, TOKEN)
     assert not health.authorized(f"Bearer {TOKEN.upper()}", TOKEN)
+
+
+def test_drain_needs_the_token_and_answers_what_is_left(tmp_path: Path) -> None:
+    drains: list[int] = []
+
+    def drain() -> int | None:
+        drains.append(1)
+        return 0 if len(drains) > 1 else 3
+
+    checker = health.HealthChecker(str(tmp_path), [], {})
+    server = health.HealthServer("127.0.0.1", 0, checker, TOKEN, drain=drain)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.httpd.server_address[1]}"
+        assert request(base + "/drain", "POST")[0] == 401 and drains == []
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        status, _, body = request(base + "/drain", "POST", auth)
+        assert (status, json.loads(body)) == (503, {"drained": False, "partitions_left": 3})
+        status, _, body = request(base + "/drain", "POST", auth)
+        assert (status, json.loads(body)) == (200, {"drained": True, "partitions_left": 0})
+    finally:
+        server.stop()
+
+
+def test_a_server_without_a_drain_has_no_drain(with_token: str) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert request(with_token + "/drain", "POST", auth)[0] == 404
