@@ -313,8 +313,9 @@ SETTINGS: tuple[Setting, ...] = (
         "store_lock_ttl_ms",
         "10000",
         _int_in(2000, 300_000),
-        "How long the store lock and the registration of a broker that died without releasing "
-        "them outlive it (whole seconds); a broker starting on that store waits up to this long",
+        "TTL of the broker lease (whole seconds): how long a broker that died or was cut off "
+        "keeps its registration, its partitions and (without S3 + etcd) the store lock; "
+        "failover takes about this long plus a second",
     ),
     Setting(
         "data_dir",
