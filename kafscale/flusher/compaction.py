@@ -20,6 +20,10 @@ to do and carries the jobs out, up to ``PARALLEL_JOBS`` at once:
   the chunks and tell the shard owning the partition (``SegmentsCompacted``). A refused commit
   (retention or deletion changed the entries) reloads the partition's entries from the store.
 
+Only a partition's owner compacts it (docs/design/scale-out.md): the compactor follows the
+partitions this broker owns (``owned``), reading the chunk records of one that becomes ours and
+forgetting one that no longer is; a commit refused as fenced forgets it at once.
+
 A failed job backs off (the partition, or the object, is left out of plans for a while) and is
 tried again. ``committed`` only takes a lock held for bookkeeping, never across I/O: nothing here
 blocks the flusher's cycles.
@@ -85,9 +89,11 @@ class Compactor:
         coordinator: Callable[[], CoordinatorClient],
         notify: Callable[[int, messages.Message], None],
         shards: int,
+        owned: Callable[[], set[tuple[str, int]]] | None = None,
     ) -> None:
         """``coordinator`` makes a client (one per worker thread); ``notify(shard, message)``
-        sends a notice to a shard and is called from the compactor's threads."""
+        sends a notice to a shard and is called from the compactor's threads; ``owned``, the
+        partitions this broker owns now (None: every partition, one broker's tests)."""
         self.objects = objects
         self.store = store
         self.namespace = config.s3_namespace
@@ -114,6 +120,8 @@ class Compactor:
         self.merger = compact_merge.Merger(
             objects, self.accumulator, self.namespace, config.broker_id, shards
         )
+        self._owned = owned
+        self._following: set[tuple[str, int]] = set()  # the owned partitions last seen
 
     # --- the flusher's side -------------------------------------------------------------------
 
@@ -171,6 +179,7 @@ class Compactor:
             self._wake.clear()
             started = time.monotonic()
             try:
+                self._follow_owners()
                 if not self.accumulator.may_have_work(self.limits, now_ms(), started):
                     # No partition can be sealed or merged (a check per partition, where a
                     # plan walks every chunk): wait for news (a commit), at most IDLE_WAIT_S
@@ -216,12 +225,17 @@ class Compactor:
         return len(jobs)
 
     def load_entries(self) -> None:
-        """Read every partition's chunk records from the store (once, at start)."""
+        """Read the chunk records of every partition this broker owns from the store (once, at
+        start; ``_follow_owners`` reads those of partitions that become ours later)."""
+        owned = self._owned() if self._owned is not None else None
+        self._following = owned or set()
         found: dict[PartitionKey, list[SegmentRecord]] = {}
         prefix = self.keys.root + "segments/"
         for kv in self.store.get_prefix(prefix):
-            record = metadata_records.decode_segment(kv.value)
             name, partition, _ = kv.key[len(prefix) :].split("/")
+            if owned is not None and (name, int(partition)) not in owned:
+                continue  # another broker's to compact
+            record = metadata_records.decode_segment(kv.value)
             if record.is_chunk:
                 found.setdefault(PartitionKey(name, int(partition)), []).append(record)
         topics = {
@@ -240,6 +254,35 @@ class Compactor:
                 segment_bytes = int(topic.configs.get("segment.bytes", self.default_segment_bytes))
                 self.accumulator.merge(key, topic.topic_id, segment_bytes, chunks)
         self._wake.set()
+
+    def _follow_owners(self) -> None:
+        """Only the owner compacts a partition (its commits are fenced on its leader key): read
+        the chunk records of partitions that became ours (a failover, a hand-over), forget
+        those that are no longer ours."""
+        if self._owned is None:
+            return
+        owned = self._owned()
+        for topic, partition in self._following - owned:
+            self.accumulator.drop(PartitionKey(topic, partition))
+        for topic, partition in owned - self._following:
+            self._take(PartitionKey(topic, partition))
+        self._following = owned
+
+    def _take(self, key: PartitionKey) -> None:
+        """Start compacting a partition that became ours: its chunk records from the store."""
+        topic_kv = self.store.get(self.keys.topic(key.topic))
+        if topic_kv is None:
+            return  # deleted meanwhile
+        topic = metadata_records.decode_topic(topic_kv.value)
+        chunks = [
+            record
+            for kv in self.store.get_prefix(self.keys.segments(*key))
+            if (record := metadata_records.decode_segment(kv.value)).is_chunk
+        ]
+        if chunks:
+            segment_bytes = int(topic.configs.get("segment.bytes", self.default_segment_bytes))
+            self.accumulator.merge(key, topic.topic_id, segment_bytes, chunks)
+            self._wake.set()
 
     def _plan(self) -> list[compact_plan.Job]:
         states, paused = self.accumulator.states(time.monotonic())
@@ -359,7 +402,10 @@ class Compactor:
         current = self.writer.committed_record(key, first.base_offset)
         if current is None or current.is_chunk:  # nothing refers to what we uploaded
             self.writer.remove_if_ours(key, first.base_offset, kfs, index)
-        self._reload(key)
+        if (reply.error or "").startswith("fenced"):
+            self.accumulator.drop(key)  # not ours any more: its owner compacts it
+        else:
+            self._reload(key)
 
     def _merge(self, job: Merge) -> None:
         edges = compact_merge.Edges(

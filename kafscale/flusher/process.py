@@ -45,6 +45,7 @@ from kafscale.ipc import endpoints, messages, write_path
 from kafscale.ipc.rpc import REQUEST_ID, RpcClient, RpcError, RpcServer
 from kafscale.ipc.write_path import EntryResult
 from kafscale.metadata import open_metadata_store
+from kafscale.metadata.owned import OwnedPartitions
 from kafscale.metadata.records import SegmentRecord
 from kafscale.storage import open_object_store, wal
 from kafscale.storage.metered import MeteredObjectStore
@@ -362,6 +363,7 @@ def run(ctx: ChildContext) -> None:
     coordinator = RpcClient(ctx.zmq_context, coordinator_address)
     flusher: Flusher | None = None
     compactor: Compactor | None = None
+    owned = OwnedPartitions(store, config.s3_namespace, config.broker_id, ctx.lease_id)
     try:
         recovery.adopt_orphans(config, objects_, store, coordinator)
         flusher = Flusher(ctx, objects_)
@@ -369,8 +371,15 @@ def run(ctx: ChildContext) -> None:
         def coordinators() -> RpcClient:
             return RpcClient(ctx.zmq_context, coordinator_address)
 
+        owned.start()
         compactor = Compactor(
-            config, objects_, store, coordinators, flusher.notify_from_thread, config.shards
+            config,
+            objects_,
+            store,
+            coordinators,
+            flusher.notify_from_thread,
+            config.shards,
+            owned=owned.partitions,
         )
         compactor.start()
         flusher.compactor = compactor
@@ -382,6 +391,7 @@ def run(ctx: ChildContext) -> None:
             compactor.close()  # first: its notices go through the flusher's loop
         if flusher is not None:
             flusher.close()
+        owned.stop()
         coordinator.close()
         store.close()
         objects_.close()

@@ -1,11 +1,7 @@
 """Which partitions this shard may serve, from the leader keys (docs/design/scale-out.md, 5-6).
 
-The coordinator claims and releases partitions; the shard follows the result, not the
-coordinator's messages: its own watched view of ``leaders/`` says which partitions this broker
-owns and at which leader epoch. A partition is this shard's to serve when its leader key names
-this broker on this broker's lease; appends are taken at that key's epoch. Following the keys
-rather than notices means a respawned shard, or one whose coordinator was respawned, needs no
-message it may have missed.
+A partition is this shard's to serve when its leader key names this broker on this broker's
+lease (``kafscale.metadata.owned``); appends are taken at that key's epoch.
 
 - ``epoch`` is None for a partition we do not own: appends, fetches and offset queries get
   ``NOT_LEADER_OR_FOLLOWER`` (raised as ``NotLeader``).
@@ -22,40 +18,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys
+from kafscale.metadata.owned import Key, OwnedPartitions
 from kafscale.metadata.store import MetadataStore
-from kafscale.metadata.view import MetadataView
-
-Key = tuple[str, int]
 
 
 class NotLeader(Exception):
     """This broker does not own the partition (or is handing it over)."""
 
 
-class ShardLeases:
+class ShardLeases(OwnedPartitions):
     def __init__(self, store: MetadataStore, namespace: str, me: int, lease: int) -> None:
-        self.me, self.lease = me, lease
-        self.store, self.keys = store, Keys(namespace)
-        self.view = MetadataView(store, namespace, prefix=self.keys.leaders)
+        super().__init__(store, namespace, me, lease)
         self.sealing: dict[Key, int] = {}  # partition -> the epoch being handed over
         # Partitions found ours in the store before the view showed it: the key's revision
         # (until the view reaches it, the view's silence about the key means nothing).
         self._read_at: dict[Key, int] = {}
-        self._seen_revision = -1
-
-    def start(self) -> None:
-        self.view.start()
-
-    def stop(self) -> None:
-        self.view.stop()
-
-    def epoch(self, topic: str, partition: int) -> int | None:
-        """Our leader epoch of the partition, or None if it is not ours."""
-        leader = self.view.snapshot.leaders.get((topic, partition))
-        if leader is None or leader.owner != self.me or leader.lease != self.lease:
-            return None
-        return leader.epoch
 
     def require(self, topic: str, partition: int) -> int:
         """Our epoch of the partition; ``NotLeader`` if it is not ours. A partition our view
@@ -84,12 +61,6 @@ class ShardLeases:
         if self.sealing.get((topic, partition)) == epoch:
             raise NotLeader(f"{topic}/{partition} is being handed over to another broker")
         return epoch
-
-    def changed(self) -> bool:
-        """Whether the view moved since the last call."""
-        revision = self.view.snapshot.revision
-        moved, self._seen_revision = revision != self._seen_revision, revision
-        return moved
 
     def lost(self, loaded: Mapping[Key, int]) -> list[Key]:
         """The partitions of ``loaded`` (key -> epoch loaded at) no longer ours at that epoch."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -87,7 +87,12 @@ class World:
         self.commit_before_losing = False
         self.notices: list[tuple[int, messages.Message]] = []
 
-    def compactor(self, buffer_bytes: int = 1 << 20, segment_bytes: int = 4096) -> Compactor:
+    def compactor(
+        self,
+        buffer_bytes: int = 1 << 20,
+        segment_bytes: int = 4096,
+        owned: Callable[[], set[tuple[str, int]]] | None = None,
+    ) -> Compactor:
         config = configuration.load(
             {
                 "KAFSCALE_DATA_DIR": str(self.tmp_path),
@@ -104,6 +109,7 @@ class World:
             lambda: FakeCoordinator(self),
             lambda shard, message: self.notices.append((shard, message)),
             SHARDS,
+            owned=owned,
         )
 
     def cycle(
@@ -292,6 +298,24 @@ def test_after_a_restart_chunks_are_read_back_with_one_get_per_object(world: Wor
     assert len(world.objects.wal_gets) == 4
     assert world.stored_segment(0, 0) == world.expected_segment(0, 0, 3)
     assert world.stored_segment(1, 0) == world.expected_segment(1, 0, 7)
+
+
+def test_only_the_partitions_this_broker_owns_are_compacted(world: World) -> None:
+    for _ in range(4):
+        world.cycle({0: 1, 1: 2})
+    owned = {("t", 0)}
+    compactor = world.compactor(owned=lambda: set(owned))
+    compactor.load_entries()
+    assert compactor.uncompacted("t", 1) == []  # another broker's to compact
+    assert len(compactor.uncompacted("t", 0)) == 4
+    owned = {("t", 1)}  # partition 1 moved here (a failover), partition 0 away
+    compactor._follow_owners()
+    assert compactor.uncompacted("t", 0) == [] and len(compactor.uncompacted("t", 1)) == 4
+    run_until_idle(compactor)
+    assert world.stored_segment(1, 0) == world.expected_segment(1, 0, 7)
+    chunks_of_0 = world.store.get_prefix(world.leaders.keys.segments("t", 0))
+    assert len(chunks_of_0) == 4  # untouched: not ours
+    assert world.objects.list("ns/t/0/") == []
 
 
 def test_the_memory_bound_holds_and_everything_is_compacted(world: World) -> None:
