@@ -144,7 +144,7 @@ class LoadProducer:
                 self.sent += 1
             except BufferError:
                 pass
-            self.producer.poll(0.002)
+            self.producer.poll(0.004)  # ~250 records/s: enough to span every fault, quick to read
 
     def _delivered(self, err: Any, message: Any) -> None:
         if err is not None:
@@ -290,4 +290,52 @@ def test_kafscale_drain_hands_everything_over_before_the_stop(
     assert brokers[0].terminate() == 0
     load.stop()
     read_everything(brokers[1:], history, len(history.acked))
+    print(history.check(), dict(load.errors))
+
+
+def test_a_rolling_restart_of_every_broker_under_load_costs_only_retriable_errors(
+    start_broker: Callable[..., Any],
+) -> None:
+    brokers = start_cluster(start_broker, 3)
+    create_topic(brokers)
+    wait_for_leaders(brokers, {0, 1, 2})
+    history = History()
+    load = LoadProducer(brokers, history, "p1")
+    load.start()
+    load.wait_acked(1000)
+    for index in range(3):
+        assert brokers[index].terminate() == 0  # hand-over first
+        brokers[index] = start_broker(env=brokers[index].env)  # same id, ports, namespace
+        brokers[index].wait_ready()
+        wait_for_leaders(brokers, {0, 1, 2})
+        load.wait_acked(len(history.acked) + 500, timeout=120)
+    load.stop()
+    read_everything(brokers, history, len(history.acked))
+    print(history.check(), dict(load.errors))
+
+
+def test_scaling_one_to_three_and_back_moves_partitions_without_loss(
+    start_broker: Callable[..., Any],
+) -> None:
+    first = start_cluster(start_broker, 1)
+    create_topic(first)
+    wait_for_leaders(first, {0})
+    history = History()
+    load = LoadProducer(first, history, "p1")
+    load.start()
+    load.wait_acked(1000)
+    added = [
+        start_broker(backends="real", env={**FAST, "KAFSCALE_BROKER_ID": str(i)}, ready=True)
+        for i in (1, 2)
+    ]
+    brokers = first + added
+    leaders = wait_for_leaders(brokers, {0, 1, 2})
+    assert sorted(Counter(leader for leader, _ in leaders.values()).values()) == [2, 2, 2]
+    load.wait_acked(len(history.acked) + 1000, timeout=120)
+    for broker in added:
+        assert broker.terminate() == 0
+    wait_for_leaders(first, {0})
+    load.wait_acked(len(history.acked) + 1000, timeout=120)
+    load.stop()
+    read_everything(first, history, len(history.acked))
     print(history.check(), dict(load.errors))
