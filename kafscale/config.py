@@ -101,6 +101,7 @@ class Config:
     auto_create_partitions: int
     retention_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
+    offsets_topic_partitions: int
     group_min_session_timeout_ms: int
     group_max_session_timeout_ms: int
     fetch_unflushed: bool

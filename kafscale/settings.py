@@ -500,6 +500,13 @@ SETTINGS: tuple[Setting, ...] = (
         "How long the first rebalance of an empty group waits for more members",
     ),
     Setting(
+        "offsets_topic_partitions",
+        "50",
+        _int_in(1, 1000),
+        "Partitions of __consumer_offsets when it is created (each group's coordinator is the "
+        "owner of one); a namespace keeps the count it was created with",
+    ),
+    Setting(
         "group_min_session_timeout_ms",
         "6000",
         _int_in(1, 3_600_000),

@@ -6,6 +6,10 @@ A deletion interrupted by a crash is finished when the coordinator starts again
 and the coordinator serves groups and keeps the broker's lease on the same thread, so a deletion
 removes objects and metadata keys in batches (S3 DeleteObjects, transactions of many deletes).
 
+A namespace whose ``__consumer_offsets`` was created before groups had coordinators (with no
+partitions) gets ``offsets_partitions`` of them at start (``grow_offsets_topic``): with none, no
+broker could coordinate a group. A count it was created with is never changed.
+
 A topic's chunk records reference write-ahead objects that hold other topics' data too: those
 objects are the WAL garbage collector's (``WalReferences``), told of every reference a deletion
 removes (read from the records just before they are deleted). A chunk record that does not
@@ -26,12 +30,14 @@ from kafscale.ipc.rpc import Incoming
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, TopicRecord
 from kafscale.metadata.store import Compare, Delete, KeyValue, MetadataStore, Put
+from kafscale.metadata.topic_names import OFFSETS_TOPIC
 from kafscale.protocol.errors import ErrorCode
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 MAX_OPERATIONS = 100  # per transaction (etcd allows 128)
+OFFSETS_PARTITIONS = 50  # KAFSCALE_OFFSETS_TOPIC_PARTITIONS' default (Kafka's too)
 
 
 class TopicAdmin:
@@ -42,6 +48,7 @@ class TopicAdmin:
         namespace: str,
         default_partitions: int,
         refs: WalReferences | None = None,
+        offsets_partitions: int = OFFSETS_PARTITIONS,
     ) -> None:
         self.store = store
         self.refs = refs
@@ -49,6 +56,7 @@ class TopicAdmin:
         self.namespace = namespace
         self.keys = Keys(namespace)
         self.default_partitions = default_partitions
+        self.offsets_partitions = offsets_partitions
 
     def handle_create(self, incoming: Incoming) -> TopicResults:
         assert isinstance(incoming.message, CreateTopics)
@@ -64,7 +72,7 @@ class TopicAdmin:
             kv.key[len(self.keys.deleting) :] for kv in self.store.get_prefix(self.keys.deleting)
         ]
         outcomes = topics.check_creations(
-            request.topics, existing, deleting, self.default_partitions
+            request.topics, existing, deleting, self.default_partitions, self.offsets_partitions
         )
         results = []
         revision = 0
@@ -113,6 +121,23 @@ class TopicAdmin:
         revision = self.store.revision()
         self.resume_deletions()
         return TopicResults(results=results, revision=revision)
+
+    def grow_offsets_topic(self) -> None:
+        """Give a partitionless ``__consumer_offsets`` (an earlier version's) its partitions."""
+        kv = self.store.get(self.keys.topic(OFFSETS_TOPIC))
+        if kv is None or records.decode_topic(kv.value).partitions > 0:
+            return
+        record = msgspec.structs.replace(
+            records.decode_topic(kv.value), partitions=self.offsets_partitions
+        )
+        txn = self.store.transaction(
+            [Compare(kv.key, mod_revision=kv.mod_revision)], [Put(kv.key, records.encode(record))]
+        )
+        if txn.succeeded:  # else another broker did it meanwhile
+            log.info(
+                "consumer offsets topic given partitions",
+                extra={"topic": OFFSETS_TOPIC, "partitions": record.partitions},
+            )
 
     def resume_deletions(self) -> None:
         """Remove the objects of every topic marked deleted, then its marker."""

@@ -7,7 +7,9 @@ deleted or changed in between is re-read, never overwritten. Replies carry the s
 that holds the writes, for the frontend to wait on (``caught_up``) before it answers the client.
 
 A partition added here is empty and usable at once: the shards load partitions on first use, and
-Metadata, Produce and Fetch read the partition count from the topic record.
+Metadata, Produce and Fetch read the partition count from the topic record. ``__consumer_offsets``
+keeps its count: it decides which broker coordinates each group, and a new count would move groups
+to partitions other coordinators own while their current ones still serve them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from kafscale.ipc.rpc import Handler, Incoming
 from kafscale.metadata import records, topic_configs
 from kafscale.metadata.records import Keys, TopicRecord
 from kafscale.metadata.store import Compare, MetadataStore, Put
-from kafscale.metadata.topic_names import name_error
+from kafscale.metadata.topic_names import OFFSETS_TOPIC, name_error
 from kafscale.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,13 @@ def increase_partitions(
     if record is None:
         return None, _unknown(name)
     current = record.partitions
+    if name == OFFSETS_TOPIC:
+        return None, _error(
+            name,
+            ErrorCode.invalid_partitions,
+            f"The partition count of {OFFSETS_TOPIC} decides each group's coordinator; it "
+            "cannot change.",
+        )
     if count == current:
         return None, _error(
             name, ErrorCode.invalid_partitions, f"Topic already has {current} partition(s)."

@@ -1,5 +1,21 @@
 """The coordinator's consumer-group service: the state machine (``groups``) on the coordinator's
-request loop, with its store, its clock, its late answers and its metrics.
+request loop for the groups this broker coordinates, with its store, its clock, its late answers
+and its metrics.
+
+Which groups (docs/design/scale-out.md, section 7): those whose ``__consumer_offsets`` partition
+(``metadata.group_partition``, Kafka's formula) this broker owns. The ownership driver
+(``coordinator.owners``) says when such a partition becomes ours (``opened``, with our leader
+record) and when we stop serving it (``closed``: lost, or the start of a hand-over):
+
+- opened: the groups and offsets of the groups hashing to it are (re)loaded from the store before
+  the next request or tick -- the previous coordinator may have changed them, so nothing in memory
+  outlives an ownership change. Partitions opened together (a broker claims many at boot) load
+  with one read of the store.
+- closed: its groups are forgotten at once; members waiting in JoinGroup or SyncGroup are
+  answered NOT_COORDINATOR and look the coordinator up again.
+- Every write is fenced on our leader record of the group's partition (``group_store``). A fenced
+  write is answered NOT_COORDINATOR and reported to the driver after the request, which closes
+  the partition.
 
 JoinGroup and SyncGroup are answered when the group is ready (the handler returns None and the
 state machine replies through the server); everything else at once. Timeouts are checked every
@@ -13,16 +29,20 @@ import logging
 import struct
 import time
 from collections import Counter
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from kafscale import metrics
+from kafscale.coordinator.assignment import Partition
 from kafscale.coordinator.group_store import MetadataGroupStore
 from kafscale.coordinator.groups import Group, GroupCoordinator, GroupSettings, GroupState
 from kafscale.ipc import messages
-from kafscale.ipc.rpc import Handler, Incoming, RpcServer
+from kafscale.ipc.rpc import Handler, Incoming
 from kafscale.metadata import records
-from kafscale.metadata.records import Keys
-from kafscale.metadata.store import MetadataStore
+from kafscale.metadata.group_partition import group_partition
+from kafscale.metadata.records import Keys, LeaderRecord
+from kafscale.metadata.store import MetadataStore, MetadataStoreError
+from kafscale.metadata.topic_names import OFFSETS_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -37,48 +57,82 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Ownership(Protocol):
+    """What the service needs of the ownership driver (``coordinator.owners.Owners``)."""
+
+    opened: list[Callable[[Partition, LeaderRecord], None]]
+    closed: list[Callable[[Partition], None]]
+
+    def fenced(self, topic: str, partition: int, epoch: int) -> None: ...
+
+
+class Replies(Protocol):
+    def reply(self, incoming: Incoming, message: messages.Message) -> None: ...
+
+
 class GroupService:
     def __init__(
         self,
         store: MetadataStore,
         namespace: str,
-        server: RpcServer,
+        server: Replies,
         settings: GroupSettings,
         high_watermarks: dict[tuple[str, int], int],
+        owners: Ownership,
     ) -> None:
         self.store = store
         self.keys = Keys(namespace)
         self.server = server
-        self.group_store = MetadataGroupStore(store, namespace)
-        self.groups = GroupCoordinator(settings, self.group_store, self._send)
+        self.owners = owners
+        self.group_store = MetadataGroupStore(store, namespace, self._coordinating)
+        self.groups = GroupCoordinator(settings, self.group_store, self._send, self._coordinates)
         self.high_watermarks = high_watermarks  # kept current by the partition committer
         self._next_tick = self._next_lag = 0
         self._rebalances = 0
-
-    def load(self) -> None:
-        loaded, offsets = self.group_store.load()
-        self.groups.load(loaded, offsets, now_ms())
-        log.info("groups loaded", extra={"groups": len(self.groups.groups)})
+        self._partitions = 0  # __consumer_offsets' partition count as last loaded (0: unknown)
+        self._served: dict[int, LeaderRecord] = {}  # offsets partitions whose groups we serve
+        self._loading: dict[int, LeaderRecord] = {}  # opened, their groups not loaded yet
+        owners.opened.append(self._opened)
+        owners.closed.append(self._closed)
 
     def handlers(self) -> dict[type, Handler]:
         return {
-            messages.JoinGroup: self._join,
-            messages.SyncGroup: self._sync,
-            messages.Heartbeat: lambda i: self.groups.heartbeat(
-                _as(i, messages.Heartbeat), now_ms()
-            ),
-            messages.LeaveGroup: lambda i: self.groups.leave(_as(i, messages.LeaveGroup), now_ms()),
-            messages.OffsetCommit: self._commit,
-            messages.OffsetFetch: lambda i: self.groups.fetch_offsets(_as(i, messages.OffsetFetch)),
-            messages.DescribeGroups: lambda i: self.groups.describe(
-                _as(i, messages.DescribeGroups)
-            ),
-            messages.ListGroups: lambda i: self.groups.list_groups(_as(i, messages.ListGroups)),
-            messages.DeleteGroups: lambda i: self.groups.delete(_as(i, messages.DeleteGroups)),
-            messages.OffsetDelete: lambda i: self.groups.delete_offsets(
-                _as(i, messages.OffsetDelete), subscribed_topics
-            ),
+            kind: self._serving(handler)
+            for kind, handler in {
+                messages.JoinGroup: self._join,
+                messages.SyncGroup: self._sync,
+                messages.Heartbeat: lambda i: self.groups.heartbeat(
+                    _as(i, messages.Heartbeat), now_ms()
+                ),
+                messages.LeaveGroup: lambda i: self.groups.leave(
+                    _as(i, messages.LeaveGroup), now_ms()
+                ),
+                messages.OffsetCommit: self._commit,
+                messages.OffsetFetch: lambda i: self.groups.fetch_offsets(
+                    _as(i, messages.OffsetFetch)
+                ),
+                messages.DescribeGroups: lambda i: self.groups.describe(
+                    _as(i, messages.DescribeGroups)
+                ),
+                messages.ListGroups: lambda i: self.groups.list_groups(_as(i, messages.ListGroups)),
+                messages.DeleteGroups: lambda i: self.groups.delete(_as(i, messages.DeleteGroups)),
+                messages.OffsetDelete: lambda i: self.groups.delete_offsets(
+                    _as(i, messages.OffsetDelete), subscribed_topics
+                ),
+            }.items()
         }
+
+    def _serving(self, handler: Handler) -> Handler:
+        """``handler`` on the groups as the store holds them now, its fences reported after."""
+
+        def handle(incoming: Incoming) -> messages.Message | None:
+            self._load()
+            try:
+                return handler(incoming)
+            finally:
+                self._report_fences()
+
+        return handle
 
     def _send(self, token: Incoming, message: messages.Message) -> None:
         self.server.reply(token, message)
@@ -94,12 +148,85 @@ class GroupService:
         metrics.OFFSET_COMMITS.inc(sum(1 for code in result.error_codes if code == 0))
         return result
 
+    # -- which groups are ours ---------------------------------------------------------------
+
+    def _partition(self, group_id: str) -> int | None:
+        return group_partition(group_id, self._partitions) if self._partitions else None
+
+    def _coordinating(self, group_id: str) -> tuple[int, LeaderRecord] | None:
+        """The group's offsets partition and our leader record of it, if we coordinate it."""
+        partition = self._partition(group_id)
+        leader = self._served.get(partition) if partition is not None else None
+        return None if partition is None or leader is None else (partition, leader)
+
+    def _coordinates(self, group_id: str) -> bool:
+        return self._coordinating(group_id) is not None
+
+    def _opened(self, partition: Partition, leader: LeaderRecord) -> None:
+        topic, number = partition
+        if topic == OFFSETS_TOPIC:
+            self._forget_partition(number)
+            self._loading[number] = leader
+
+    def _closed(self, partition: Partition) -> None:
+        topic, number = partition
+        if topic == OFFSETS_TOPIC:
+            self._loading.pop(number, None)
+            if self._forget_partition(number):
+                log.info("no longer coordinating groups", extra={"partition": number})
+
+    def _forget_partition(self, number: int) -> bool:
+        """Forget the groups of offsets partition ``number``; whether we were serving it."""
+        served = self._served.pop(number, None) is not None
+        self.groups.forget([g for g in list(self.groups.groups) if self._partition(g) == number])
+        return served
+
+    def _load(self) -> None:
+        """Load the groups of the partitions opened since the last call."""
+        if not self._loading:
+            return
+        kv = self.store.get(self.keys.topic(OFFSETS_TOPIC))
+        partitions = records.decode_topic(kv.value).partitions if kv is not None else 0
+        if partitions != self._partitions:
+            # The first load, or the topic was created again: every group may map elsewhere.
+            self.groups.forget(list(self.groups.groups))
+            self._loading = {**self._served, **self._loading}
+            self._served = {}
+            self._partitions = partitions
+        if not partitions:
+            return  # the topic is gone: the driver closes its partitions
+        loading = self._loading
+        loaded, offsets = self.group_store.load(lambda g: group_partition(g, partitions) in loading)
+        self.groups.load(loaded, offsets, now_ms())
+        self._served.update(loading)
+        self._loading = {}
+        log.info(
+            "coordinating groups",
+            extra={"partitions": sorted(loading), "groups": len(loaded), "offsets": len(offsets)},
+        )
+
+    def _report_fences(self) -> None:
+        fenced, self.group_store.fenced = self.group_store.fenced, []
+        for partition, epoch in fenced:
+            log.warning(
+                "a group write was fenced: another broker coordinates its groups",
+                extra={"partition": partition, "epoch": epoch},
+            )
+            self.owners.fenced(OFFSETS_TOPIC, partition, epoch)
+
+    # -- time --------------------------------------------------------------------------------
+
     def tick(self) -> None:
         now = now_ms()
         if now < self._next_tick:
             return
         self._next_tick = now + TICK_MS
+        try:
+            self._load()
+        except MetadataStoreError as exc:  # the next tick (or request) tries again
+            log.warning("cannot load groups yet", extra={"error": str(exc)})
         self.groups.tick(now)
+        self._report_fences()
         states = Counter(group.state for group in self.groups.groups.values())
         for state in GroupState:
             metrics.GROUPS.labels(state.value).set(states.get(state, 0))

@@ -59,8 +59,15 @@ def run(ctx: ChildContext) -> None:
         # below reports them: committers, retention and deletions are given no ``refs``.
         refs = WalReferences(store, objects, keys)
         refs.follow(refs.load())
-        admin = TopicAdmin(store, objects, config.s3_namespace, config.auto_create_partitions)
+        admin = TopicAdmin(
+            store,
+            objects,
+            config.s3_namespace,
+            config.auto_create_partitions,
+            offsets_partitions=config.offsets_topic_partitions,
+        )
         admin.resume_deletions()
+        admin.grow_offsets_topic()  # before the first claims, which then include its partitions
         limits = Limits(config.metadata_max_txn_ops, config.metadata_max_txn_bytes)
         owners = Owners(
             store,
@@ -91,8 +98,8 @@ def run(ctx: ChildContext) -> None:
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             ),
             committer.high_watermarks,
+            owners,  # the groups of the __consumer_offsets partitions it opens
         )
-        groups.load()
         owners.start(_now_ms())  # the first claims, before the shards and the flusher boot
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})
         ctx.ready()

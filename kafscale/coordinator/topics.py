@@ -9,8 +9,10 @@ Deleting a topic moves its record to ``deleting/{name}`` in one transaction, rem
 objects, then drops the marker. While the marker exists the name cannot be created again, so a
 re-created topic can never see an old segment (segment keys restart at offset 0).
 
-An internal topic (``__consumer_offsets``, created by the first FindCoordinator) is created with no
-partitions, whatever the request asked for.
+Internal topics get their partition count from the broker, whatever the request asked for:
+``__consumer_offsets`` (created by the first FindCoordinator) ``KAFSCALE_OFFSETS_TOPIC_PARTITIONS``
+(each partition's owner coordinates the groups hashing to it; its partitions hold no data), the
+others none.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata import topic_configs
 from kafscale.metadata.records import WRITE_PATH_WAL, TopicRecord
-from kafscale.metadata.topic_names import INTERNAL_TOPICS, name_error
+from kafscale.metadata.topic_names import INTERNAL_TOPICS, OFFSETS_TOPIC, name_error
 from kafscale.protocol.errors import ErrorCode
 
 MAX_PARTITIONS = 100_000
@@ -47,6 +49,7 @@ def check_creations(
     existing: Mapping[str, TopicRecord],
     deleting: Iterable[str],
     default_partitions: int,
+    offsets_partitions: int,
 ) -> list[Creation]:
     counts = Counter(spec.name for spec in specs)
     being_deleted = set(deleting)
@@ -61,7 +64,9 @@ def check_creations(
                 )
             )
         else:
-            outcomes.append(_check_one(spec, existing, being_deleted, default_partitions))
+            outcomes.append(
+                _check_one(spec, existing, being_deleted, default_partitions, offsets_partitions)
+            )
     return outcomes
 
 
@@ -70,6 +75,7 @@ def _check_one(
     existing: Mapping[str, TopicRecord],
     deleting: set[str],
     default_partitions: int,
+    offsets_partitions: int,
 ) -> Creation:
     if (problem := name_error(spec.name)) is not None:
         return _error(spec.name, ErrorCode.invalid_topic_exception, problem)
@@ -84,10 +90,12 @@ def _check_one(
             f"topic {spec.name} is marked for deletion; retry shortly",
         )
     partitions = default_partitions if spec.partitions == -1 else spec.partitions
-    if spec.name in INTERNAL_TOPICS:
-        # What Kafka writes to its internal topics (committed offsets) KafScale keeps in the
-        # metadata store. The topic only shows clients that it exists, as on Kafka: with no
-        # partitions there is nothing to read, and nothing to assign to a regex subscription.
+    if spec.name == OFFSETS_TOPIC:
+        # Committed offsets and groups are metadata records, not data in this topic: its
+        # partitions only name the group coordinators (the owner of each), as on Kafka.
+        partitions = offsets_partitions
+    elif spec.name in INTERNAL_TOPICS:
+        # Transactions and share groups do not exist here: the topic only shows it exists.
         partitions = 0
     elif not 1 <= partitions <= MAX_PARTITIONS:
         return _error(

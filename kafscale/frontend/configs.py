@@ -70,6 +70,7 @@ KAFKA_NAMES: dict[str, tuple[str, ConfigType]] = {
     "auto_create_partitions": ("num.partitions", ConfigType.INT),
     "max_request_bytes": ("socket.request.max.bytes", ConfigType.INT),
     "group_initial_rebalance_delay_ms": ("group.initial.rebalance.delay.ms", ConfigType.INT),
+    "offsets_topic_partitions": ("offsets.topic.num.partitions", ConfigType.INT),
     "group_min_session_timeout_ms": ("group.min.session.timeout.ms", ConfigType.INT),
     "group_max_session_timeout_ms": ("group.max.session.timeout.ms", ConfigType.INT),
 }

@@ -1,23 +1,36 @@
-"""FindCoordinator (key 10), v0-v6 (batched keys from v4): this broker coordinates every group.
+"""FindCoordinator (key 10), v0-v6 (batched keys from v4): a group's coordinator is the owner of
+its ``__consumer_offsets`` partition (docs/design/scale-out.md, section 7).
+
+The partition is Kafka's ``abs(hashCode(group_id)) % partitions`` (``metadata.group_partition``)
+and its owner the broker its leader key names, with that broker's registered address; both come
+from this frontend's watched view. While the partition has no owner (being claimed or handed over)
+or the topic is not there yet, the answer is COORDINATOR_NOT_AVAILABLE, as Kafka answers while a
+coordinator loads: clients retry. The coordinator process decides authoritatively: a group request
+that reaches a broker whose view was ahead or behind is answered NOT_COORDINATOR there.
 
 Transaction coordinators (key type 1) and share groups (2) do not exist here: those keys get
 INVALID_REQUEST with a message, so a transactional client fails at once with a reason instead of
 retrying a retriable error forever. An empty group id is INVALID_REQUEST too.
 
 As Kafka does, the first group lookup creates the internal topic ``__consumer_offsets``, whatever
-``KAFSCALE_AUTO_CREATE_TOPICS`` says. KafScale keeps committed offsets in the metadata store, so
-it has no partitions (``kafscale.coordinator.topics``): it exists so that clients see what they
-see on Kafka, an internal topic, which e.g. regex subscriptions leave out.
+``KAFSCALE_AUTO_CREATE_TOPICS`` says, with ``KAFSCALE_OFFSETS_TOPIC_PARTITIONS`` partitions (the
+coordinator decides the count: ``kafscale.coordinator.topics``). Its partitions hold no data
+(groups and offsets are metadata records); clients see an internal topic, which e.g. regex
+subscriptions leave out.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers._groups import respond, schema
 from kafscale.ipc.messages import TopicSpec
+from kafscale.metadata.group_partition import group_partition
+from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.topic_names import OFFSETS_TOPIC
+from kafscale.metadata.view import Snapshot
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 
@@ -27,50 +40,74 @@ GROUP = 0
 BATCHED_VERSION = 4
 
 
+class Found(NamedTuple):
+    error: ErrorCode
+    message: str | None = None
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+
+
 async def handle(ctx: RequestContext, request: Any) -> Any:
     key_type = int(getattr(request, "key_type", GROUP))
-    config = ctx.broker.config
-    host, port, node = config.advertised_listener_host, config.broker_port, ctx.broker.node_id
-
-    def answer(key: str) -> tuple[ErrorCode, str | None]:
-        if key_type != GROUP:
-            return ErrorCode.invalid_request, "KafScale coordinates consumer groups only"
-        if not key:
-            return ErrorCode.invalid_request, "the group id is empty"
-        return ErrorCode.none, None
-
     keys = request.coordinator_keys if ctx.version >= BATCHED_VERSION else [request.key]
-    if any(answer(key)[0] == ErrorCode.none for key in keys):
+    if key_type == GROUP and any(keys):
         await _ensure_offsets_topic(ctx)
+    snapshot = ctx.broker.view.snapshot
+    config = ctx.broker.config
+    me = BrokerRecord(ctx.broker.node_id, config.advertised_listener_host, config.broker_port)
+    brokers = {me.node_id: me, **snapshot.brokers}  # us even before our registration is seen
+    found = {key: coordinator(snapshot, brokers, key_type, key) for key in keys}
     if ctx.version >= BATCHED_VERSION:
-        coordinator = element(schema(ctx, API_KEY), "coordinators")
-        found = []
-        for key in request.coordinator_keys:
-            error, message = answer(key)
-            ok = error == ErrorCode.none
-            found.append(
+        entry = element(schema(ctx, API_KEY), "coordinators")
+        return respond(
+            ctx,
+            API_KEY,
+            coordinators=tuple(
                 build(
-                    coordinator,
+                    entry,
                     key=key,
-                    node_id=node if ok else -1,
-                    host=host if ok else "",
-                    port=port if ok else -1,
-                    error_code=error,
-                    error_message=message,
+                    node_id=found[key].node_id,
+                    host=found[key].host,
+                    port=found[key].port,
+                    error_code=found[key].error,
+                    error_message=found[key].message,
                 )
-            )
-        return respond(ctx, API_KEY, coordinators=tuple(found))
-    error, message = answer(request.key)
-    ok = error == ErrorCode.none
+                for key in request.coordinator_keys
+            ),
+        )
+    one = found[request.key]
     return respond(
         ctx,
         API_KEY,
-        error_code=error,
-        error_message=message,
-        node_id=node if ok else -1,
-        host=host if ok else "",
-        port=port if ok else -1,
+        error_code=one.error,
+        error_message=one.message,
+        node_id=one.node_id,
+        host=one.host,
+        port=one.port,
     )
+
+
+def coordinator(
+    snapshot: Snapshot, brokers: Mapping[int, BrokerRecord], key_type: int, key: str
+) -> Found:
+    """The coordinator of group ``key`` as ``snapshot`` shows it (``brokers``: by node id)."""
+    if key_type != GROUP:
+        return Found(ErrorCode.invalid_request, "KafScale coordinates consumer groups only")
+    if not key:
+        return Found(ErrorCode.invalid_request, "the group id is empty")
+    topic = snapshot.topics.get(OFFSETS_TOPIC)
+    if topic is None or topic.partitions <= 0:
+        return Found(ErrorCode.coordinator_not_available, f"{OFFSETS_TOPIC} is being created")
+    partition = group_partition(key, topic.partitions)
+    leader = snapshot.leaders.get((OFFSETS_TOPIC, partition))
+    broker = brokers.get(leader.owner) if leader is not None else None
+    if broker is None:
+        return Found(
+            ErrorCode.coordinator_not_available,
+            f"{OFFSETS_TOPIC}/{partition}, the group's coordinator, has no owner yet",
+        )
+    return Found(ErrorCode.none, None, broker.node_id, broker.host, broker.port)
 
 
 async def _ensure_offsets_topic(ctx: RequestContext) -> None:

@@ -203,3 +203,37 @@ def test_deleting_a_topic_removes_its_references_to_write_ahead_objects(tmp_path
 )
 def test_topic_names_follow_kafka(name: str, legal: bool) -> None:
     assert (name_error(name) is None) is legal
+
+
+def test_internal_topics_get_their_partition_counts_from_the_broker(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+    objects = LocalObjectStore(str(tmp_path / "segments"))
+    admin = TopicAdmin(store, objects, "ns", default_partitions=2, offsets_partitions=7)
+    reply = admin.create(
+        CreateTopics(
+            topics=[
+                TopicSpec(name="__consumer_offsets", partitions=1),  # asked for 1: gets 7
+                TopicSpec(name="__transaction_state", partitions=-1),
+            ]
+        )
+    )
+    assert [(r.name, r.partitions) for r in reply.results] == [
+        ("__consumer_offsets", 7),
+        ("__transaction_state", 0),
+    ]
+    store.close()
+
+
+def test_a_partitionless_consumer_offsets_topic_gets_its_partitions(admin: TopicAdmin) -> None:
+    # an earlier version created __consumer_offsets without partitions: no group had an owner
+    key = Keys("ns").topic("__consumer_offsets")
+    old = records.TopicRecord(name="__consumer_offsets", topic_id="tid", partitions=0)
+    admin.store.put(key, records.encode(old))
+    admin.grow_offsets_topic()
+    kv = admin.store.get(key)
+    assert kv is not None
+    grown = records.decode_topic(kv.value)
+    assert (grown.topic_id, grown.partitions) == ("tid", admin.offsets_partitions)
+    revision = kv.mod_revision
+    admin.grow_offsets_topic()  # a count it has is kept
+    assert admin.store.get(key).mod_revision == revision  # type: ignore[union-attr]

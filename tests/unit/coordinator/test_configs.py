@@ -146,3 +146,16 @@ def test_a_topic_deleted_meanwhile_is_unknown(store: SqliteMetadataStore) -> Non
     reply = admin.create_partitions(CreatePartitions(topics=[PartitionIncrease("orders", 3)]))
     assert reply.results[0].error_code == ErrorCode.unknown_topic_or_partition
     assert store.get(KEYS.topic("orders")) is None
+
+
+def test_the_consumer_offsets_partition_count_never_changes(store: SqliteMetadataStore) -> None:
+    # it decides every group's coordinator: a new count would move groups between brokers
+    TopicAdmin(store, LocalObjectStore("/nonexistent"), "ns", 1, offsets_partitions=3).create(
+        CreateTopics(topics=[TopicSpec(name="__consumer_offsets", partitions=-1)])
+    )
+    admin = ConfigAdmin(store, "ns", broker_id=0)
+    reply = admin.create_partitions(
+        CreatePartitions(topics=[PartitionIncrease("__consumer_offsets", 60)])
+    )
+    assert reply.results[0].error_code == ErrorCode.invalid_partitions
+    assert record(store, "__consumer_offsets").partitions == 3

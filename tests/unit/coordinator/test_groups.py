@@ -1,4 +1,6 @@
-"""The group state machine on its own: no sockets, no clock (time is an argument)."""
+"""The group state machine on its own: no sockets, no clock (time is an argument). The rig
+coordinates every group (one broker owning every __consumer_offsets partition) unless a test
+says otherwise."""
 
 from __future__ import annotations
 
@@ -7,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from kafscale.coordinator.groups import GroupCoordinator, GroupSettings, GroupState
+from kafscale.coordinator.groups import (
+    GroupCoordinator,
+    GroupSettings,
+    GroupState,
+    NotCoordinator,
+)
 from kafscale.ipc import messages
 from kafscale.metadata.records import GroupRecord, OffsetRecord
 from kafscale.protocol.errors import ErrorCode
@@ -21,10 +28,13 @@ class MemoryStore:
         self.groups: dict[str, GroupRecord] = {}
         self.offsets: dict[str, dict[tuple[str, int], OffsetRecord]] = {}
         self.failing = False
+        self.fenced = False  # another broker took the groups over
 
     def _check(self) -> None:
         if self.failing:
             raise OSError("the metadata store is down")
+        if self.fenced:
+            raise NotCoordinator("the leader key is another broker's")
 
     def save_group(self, record: GroupRecord) -> None:
         self._check()
@@ -49,8 +59,12 @@ class Rig:
     def __init__(self, delay: int = 0) -> None:
         self.store = MemoryStore()
         self.answers: dict[str, messages.Message] = {}
+        self.ours: set[str] | None = None  # the groups coordinated here; None: every group
         self.coordinator = GroupCoordinator(
-            GroupSettings(initial_rebalance_delay_ms=delay), self.store, self._send
+            GroupSettings(initial_rebalance_delay_ms=delay),
+            self.store,
+            self._send,
+            lambda group_id: self.ours is None or group_id in self.ours,
         )
         self.now = 1_000
 
@@ -409,3 +423,81 @@ def test_session_timeout_outside_the_bounds_is_refused(timeout: int) -> None:
     answer = rig.answers["t"]
     assert isinstance(answer, messages.JoinGroupResult)
     assert answer.error_code == ErrorCode.invalid_session_timeout
+
+
+NOT_COORDINATOR = int(ErrorCode.not_coordinator)
+
+
+def test_every_request_for_a_group_coordinated_elsewhere_is_not_coordinator() -> None:
+    rig = Rig()
+    leader, follower, generation = stable_pair(rig)
+    rig.ours = {"other"}  # "g" is another broker's now
+    assert rig.join("j") == messages.JoinGroupResult(NOT_COORDINATOR)
+    assert rig.sync("s", follower, generation) == messages.SyncGroupResult(NOT_COORDINATOR)
+    assert rig.heartbeat(leader, generation) == NOT_COORDINATOR
+    left = rig.coordinator.leave(
+        messages.LeaveGroup("g", [messages.LeavingMember(follower)]), rig.now
+    )
+    assert (left.error_code, left.members) == (NOT_COORDINATOR, [(follower, None, NOT_COORDINATOR)])
+    commit = messages.OffsetCommit(
+        "g", generation, leader, None, [messages.PartitionOffset("t", 0, 5)] * 2
+    )
+    assert rig.coordinator.commit(commit, rig.now).error_codes == [NOT_COORDINATOR] * 2
+    fetched = rig.coordinator.fetch_offsets(
+        messages.OffsetFetch(
+            [messages.GroupOffsetsQuery("g", None), messages.GroupOffsetsQuery("other", None)]
+        )
+    )
+    assert [(g.group_id, g.error_code) for g in fetched.groups] == [
+        ("g", NOT_COORDINATOR),
+        ("other", NONE),
+    ]
+    [described] = rig.coordinator.describe(messages.DescribeGroups(["g"])).groups
+    assert described.error_code == NOT_COORDINATOR
+    assert rig.coordinator.list_groups(messages.ListGroups()).groups == []
+    assert rig.coordinator.delete(messages.DeleteGroups(["g"])).results == [("g", NOT_COORDINATOR)]
+    deleted = rig.coordinator.delete_offsets(
+        messages.OffsetDelete("g", [("t", 0)]), lambda _: set()
+    )
+    assert deleted.error_code == NOT_COORDINATOR
+    assert "t" not in {t for t, _ in rig.store.offsets.get("g", {})}  # nothing written
+
+
+def test_forgotten_groups_answer_their_waiting_members_not_coordinator() -> None:
+    rig = Rig()
+    leader, follower, generation = stable_pair(rig)
+    c = rig.join_new("c")  # a rebalance: c waits in JoinGroup
+    assert rig.sync("sf", follower, generation) is not None  # answered: rebalance in progress
+    rig.join("l2", leader)  # the leader rejoined and waits for the follower
+    rig.coordinator.forget(["g", "unknown"])
+    assert rig.take("c") == messages.JoinGroupResult(NOT_COORDINATOR, member_id=c)
+    joined = rig.take("l2")
+    assert isinstance(joined, messages.JoinGroupResult)
+    assert joined.error_code == NOT_COORDINATOR
+    assert "g" not in rig.coordinator.groups
+    rig.tick(REBALANCE)  # nothing left to time out or answer twice
+    assert rig.answers == {}
+
+
+def test_a_fenced_store_refuses_every_write_with_not_coordinator() -> None:
+    rig = Rig()
+    leader, follower, generation = stable_pair(rig)
+    saved = rig.store.groups["g"]
+    rig.store.fenced = True
+    commit = messages.OffsetCommit(
+        "g", generation, leader, None, [messages.PartitionOffset("t", 0, 5)]
+    )
+    assert rig.coordinator.commit(commit, rig.now).error_codes == [NOT_COORDINATOR]
+    fetched = rig.coordinator.fetch_offsets(
+        messages.OffsetFetch([messages.GroupOffsetsQuery("g", [("t", 0)])])
+    )
+    assert fetched.groups[0].offsets[0].offset == -1  # not acknowledged, not remembered
+    # a new generation cannot complete: the leader's assignment is not stored
+    rig.join("l2", leader)
+    joined = rig.join("f2", follower)
+    assert isinstance(joined, messages.JoinGroupResult)
+    assert rig.sync("sf", follower, joined.generation_id) is None
+    failed = rig.sync("sl", leader, joined.generation_id, {leader: b"L2", follower: b"F2"})
+    assert failed == messages.SyncGroupResult(NOT_COORDINATOR)
+    assert rig.take("sf") == messages.SyncGroupResult(NOT_COORDINATOR)
+    assert rig.store.groups["g"] == saved

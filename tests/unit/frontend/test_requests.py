@@ -49,9 +49,12 @@ class NoShards:
 class FakeCoordinator:
     """The coordinator's decisions (kafscale.coordinator.topics) applied to a StaticView."""
 
-    def __init__(self, view: StaticView, default_partitions: int = 1) -> None:
+    def __init__(
+        self, view: StaticView, default_partitions: int = 1, offsets_partitions: int = 5
+    ) -> None:
         self.view = view
         self.default_partitions = default_partitions
+        self.offsets_partitions = offsets_partitions
         self.created: list[str] = []
         self.producer_ids = 4000
 
@@ -59,7 +62,7 @@ class FakeCoordinator:
         self, specs: Sequence[TopicSpec], validate_only: bool = False
     ) -> list[TopicResult]:
         outcomes = topics.check_creations(
-            specs, self.view.snapshot.topics, [], self.default_partitions
+            specs, self.view.snapshot.topics, [], self.default_partitions, self.offsets_partitions
         )
         for outcome in outcomes:
             if outcome.record is not None and not validate_only:
@@ -560,7 +563,7 @@ def test_a_group_lookup_creates_consumer_offsets_as_an_internal_topic(version: i
     listed = {
         t.name: (t.is_internal, len(t.partitions)) for t in decode_response(frame, 3, 12)[1].topics
     }
-    assert listed == {"orders": (False, 3), "__consumer_offsets": (True, 0)}
+    assert listed == {"orders": (False, 3), "__consumer_offsets": (True, 5)}
 
 
 def test_a_transaction_coordinator_lookup_creates_nothing() -> None:
