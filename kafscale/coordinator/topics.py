@@ -29,7 +29,10 @@ from kafscale.metadata.records import WRITE_PATH_WAL, TopicRecord
 from kafscale.metadata.topic_names import INTERNAL_TOPICS, OFFSETS_TOPIC, name_error
 from kafscale.protocol.errors import ErrorCode
 
-MAX_PARTITIONS = 100_000
+# Every partition has an owner: a leader key, a claim and a hand-over (docs/design/scale-out.md).
+# A topic of 65,000 partitions (a fuzzed CreateTopics made one) keeps a coordinator claiming for
+# minutes and every process's view copying the leader keys; 10,000 keeps a claim wave to seconds.
+MAX_PARTITIONS = 10_000
 
 
 @dataclass(frozen=True)
