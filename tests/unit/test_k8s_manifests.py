@@ -20,10 +20,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kafscale import config
+from kafscale import cli, config
 from kafscale.ipc.shm_names import SHM_DIR
 from kafscale.settings import SETTINGS, SETTINGS_BY_FIELD, parse_size
-from kafscale.supervisor import arbiter, health
+from kafscale.supervisor import arbiter, broker, health
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 # The oldest Kubernetes the manifests are checked against, and the newest schema bundled.
@@ -209,9 +209,12 @@ def test_probes_use_paths_the_metrics_port_serves(tmp_path: Path) -> None:
 def test_stopping_hands_partitions_over_within_the_grace_period() -> None:
     command = BROKER["lifecycle"]["preStop"]["exec"]["command"]
     assert command[:2] == ["kafscale", "drain"]
-    drain_s = int(command[command.index("--timeout") + 1])
+    parsed = cli.build_parser().parse_args(command[1:])  # the real CLI takes it
+    assert parsed.command == "drain"
+    drain_s = parsed.timeout
     shutdown_s = sum(arbiter.STOP_GRACE_SECONDS.values())  # SIGTERM's ordered shutdown, at most
-    assert POD["spec"]["terminationGracePeriodSeconds"] > drain_s + shutdown_s
+    handover_s = broker.HANDOVER_WAIT_S  # SIGTERM's hand-over of what the drain left, at most
+    assert POD["spec"]["terminationGracePeriodSeconds"] > drain_s + handover_s + shutdown_s
 
 
 def test_the_pod_runs_unprivileged_on_a_read_only_root() -> None:
