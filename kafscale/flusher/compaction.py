@@ -251,8 +251,7 @@ class Compactor:
         )
         for key, chunks in found.items():
             if (topic := topics.get(key.topic)) is not None:
-                segment_bytes = int(topic.configs.get("segment.bytes", self.default_segment_bytes))
-                self.accumulator.merge(key, topic.topic_id, segment_bytes, chunks)
+                self.accumulator.merge(key, topic.topic_id, self._segment_bytes(topic), chunks)
         self._wake.set()
 
     def _follow_owners(self) -> None:
@@ -280,9 +279,12 @@ class Compactor:
             if (record := metadata_records.decode_segment(kv.value)).is_chunk
         ]
         if chunks:
-            segment_bytes = int(topic.configs.get("segment.bytes", self.default_segment_bytes))
-            self.accumulator.merge(key, topic.topic_id, segment_bytes, chunks)
+            self.accumulator.merge(key, topic.topic_id, self._segment_bytes(topic), chunks)
             self._wake.set()
+
+    def _segment_bytes(self, topic: metadata_records.TopicRecord) -> int:
+        """The size compaction aims at for ``topic``: its segment.bytes, else the broker's."""
+        return int(topic.configs.get("segment.bytes", self.default_segment_bytes))
 
     def _plan(self) -> list[compact_plan.Job]:
         states, paused = self.accumulator.states(time.monotonic())

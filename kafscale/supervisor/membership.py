@@ -42,12 +42,15 @@ from kafscale.metadata.store import (
     Put,
     put_if_absent,
 )
+from kafscale.supervisor.ownership import (
+    POLL_INTERVAL_S,
+    RETRY_INTERVAL_S,
+    WAIT_MARGIN_S,
+    revoke_quietly,
+)
 
 log = logging.getLogger(__name__)
 
-WAIT_MARGIN_S = 2.0  # past the holder's TTL: etcd checks lease expiry every 500 ms
-POLL_INTERVAL_S = 0.5
-RETRY_INTERVAL_S = 1.0
 AUTO_ID_LIMIT = 10_000  # ids tried by KAFSCALE_BROKER_ID=auto before giving up
 
 
@@ -100,7 +103,7 @@ class Membership:
                     lease.refresh()  # the wait outlasts a third of our own lease's TTL
                     time.sleep(POLL_INTERVAL_S)
         except BaseException:
-            _revoke_quietly(lease)
+            revoke_quietly(lease)
             raise
         self.lease = lease
         log.info(
@@ -195,15 +198,8 @@ class Membership:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.lease is not None and self.lost is None:
-            _revoke_quietly(self.lease)
+            revoke_quietly(self.lease)
         self.lease = None
-
-
-def _revoke_quietly(lease: Lease) -> None:
-    try:
-        lease.revoke()
-    except MetadataStoreError as exc:  # it runs out by itself within its TTL
-        log.warning("cannot revoke the broker lease", extra={"error": str(exc)})
 
 
 def _decode(value: bytes) -> BrokerRecord | None:

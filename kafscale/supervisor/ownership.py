@@ -183,7 +183,7 @@ class StoreLock:
         try:
             self._acquire(lease)
         except BaseException:
-            _revoke_quietly(lease)
+            revoke_quietly(lease)
             raise
         self.lease = lease
         log.info("store lock taken", extra={"key": self.key, "lease_ttl_s": lease.ttl})
@@ -322,15 +322,16 @@ class StoreLock:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         if self.lease is not None:
-            _revoke_quietly(self.lease)
+            revoke_quietly(self.lease)
             self.lease = None
 
 
-def _revoke_quietly(lease: Lease) -> None:
+def revoke_quietly(lease: Lease) -> None:
+    """End ``lease`` now; if the store fails, it runs out by itself within its TTL."""
     try:
         lease.revoke()
-    except MetadataStoreError as exc:  # it runs out by itself within its TTL
-        log.warning("cannot revoke the store lock's lease", extra={"error": str(exc)})
+    except MetadataStoreError as exc:
+        log.warning("cannot revoke a lease", extra={"lease": f"{lease.id:x}", "error": str(exc)})
 
 
 class Ownership:

@@ -131,6 +131,10 @@ class LoadProducer:
             assert time.monotonic() < deadline, f"only {len(self.history.acked)} acked"
             time.sleep(0.1)
 
+    def more(self, count: int) -> None:
+        """Wait until ``count`` more records than now are acknowledged."""
+        self.wait_acked(len(self.history.acked) + count, timeout=120)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=180)
@@ -194,6 +198,26 @@ def read_everything(brokers: list[Any], history: History, expected: int) -> None
         consumer.close()
 
 
+def loaded_cluster(
+    start_broker: Callable[..., Any], size: int, env: dict[str, str] | None = None
+) -> tuple[list[Any], dict[int, tuple[int, int]], LoadProducer]:
+    """``size`` brokers, the topic led by all of them, and a load that got 1,000 acks."""
+    brokers = start_cluster(start_broker, size, env)
+    create_topic(brokers)
+    leaders = wait_for_leaders(brokers, set(range(size)))
+    load = LoadProducer(brokers, History(), "p1")
+    load.start()
+    load.wait_acked(1000)
+    return brokers, leaders, load
+
+
+def finish(load: LoadProducer, readers: list[Any], note: str = "") -> None:
+    """Stop the load, read everything back through ``readers`` and check the history."""
+    load.stop()
+    read_everything(readers, load.history, len(load.history.acked))
+    print(load.history.check(), dict(load.errors), note)
+
+
 def test_leaders_spread_over_three_brokers_and_every_broker_agrees(
     start_broker: Callable[..., Any],
 ) -> None:
@@ -206,37 +230,23 @@ def test_leaders_spread_over_three_brokers_and_every_broker_agrees(
 def test_a_sigkilled_leader_under_idempotent_load_loses_and_duplicates_nothing(
     start_broker: Callable[..., Any],
 ) -> None:
-    brokers = start_cluster(start_broker, 3)
-    create_topic(brokers)
-    before = wait_for_leaders(brokers, {0, 1, 2})
-    history = History()
-    load = LoadProducer(brokers, history, "p1")
-    load.start()
-    load.wait_acked(2000)
+    brokers, before, load = loaded_cluster(start_broker, 3)
+    load.more(1000)
     killed_at = time.monotonic()
     brokers[1].kill()  # the whole process family, no goodbye
     survivors = [brokers[0], brokers[2]]
     after = wait_for_leaders(survivors, {0, 2})
     moved = [p for p, (leader, _) in before.items() if leader == 1]
     assert all(after[p][1] > before[p][1] for p in moved)  # new owners at newer epochs
-    acked_at_failover = len(history.acked)
-    load.wait_acked(acked_at_failover + 2000, timeout=120)
-    load.stop()
-    read_everything(survivors, history, len(history.acked))
+    load.more(2000)
     failover = load.outage(killed_at, moved)
-    print(history.check(), dict(load.errors), f"failover {failover:.1f} s (lease TTL 6 s)")
+    finish(load, survivors, f"failover {failover:.1f} s (lease TTL 6 s)")
 
 
 def test_a_paused_owner_woken_after_its_lease_lands_nothing(
     start_broker: Callable[..., Any],
 ) -> None:
-    brokers = start_cluster(start_broker, 3)
-    create_topic(brokers)
-    before = wait_for_leaders(brokers, {0, 1, 2})
-    history = History()
-    load = LoadProducer(brokers, history, "p1")
-    load.start()
-    load.wait_acked(1000)
+    brokers, before, load = loaded_cluster(start_broker, 3)
     paused = brokers[2]
     family = [paused.pid, *paused.children()]
     for pid in family:
@@ -244,38 +254,28 @@ def test_a_paused_owner_woken_after_its_lease_lands_nothing(
     try:
         survivors = [brokers[0], brokers[1]]
         wait_for_leaders(survivors, {0, 1})  # its lease ran out: others own its partitions
-        load.wait_acked(len(history.acked) + 1000, timeout=120)
+        load.more(1000)
     finally:
         for pid in family:
             os.kill(pid, signal.SIGCONT)
     # Woken, it finds its lease gone and stops without committing anything it held.
     assert paused.wait(timeout=60) == 1
     assert "broker lease" in paused.log_text()
-    load.wait_acked(len(history.acked) + 500, timeout=120)
-    load.stop()
+    load.more(500)
     after = wait_for_leaders(survivors, {0, 1})
     moved = [p for p, (leader, _) in before.items() if leader == 2]
     assert all(after[p][1] > before[p][1] for p in moved)
-    read_everything(survivors, history, len(history.acked))
-    print(history.check(), dict(load.errors))
+    finish(load, survivors)
 
 
 def test_a_sigtermed_broker_hands_its_partitions_over(start_broker: Callable[..., Any]) -> None:
-    brokers = start_cluster(start_broker, 3)
-    create_topic(brokers)
-    wait_for_leaders(brokers, {0, 1, 2})
-    history = History()
-    load = LoadProducer(brokers, history, "p1")
-    load.start()
-    load.wait_acked(1000)
+    brokers, _, load = loaded_cluster(start_broker, 3)
     assert brokers[0].terminate() == 0
     assert "every partition handed over" in brokers[0].log_text()
     survivors = brokers[1:]
     wait_for_leaders(survivors, {1, 2}, timeout=30)
-    load.wait_acked(len(history.acked) + 1000, timeout=120)
-    load.stop()
-    read_everything(survivors, history, len(history.acked))
-    print(history.check(), dict(load.errors))
+    load.more(1000)
+    finish(load, survivors)
 
 
 def test_kafscale_drain_hands_everything_over_before_the_stop(
@@ -283,13 +283,7 @@ def test_kafscale_drain_hands_everything_over_before_the_stop(
 ) -> None:
     # What the StatefulSet's preStop hook runs: the broker keeps running, owning nothing.
     token = "drain-token-" + "x" * 16
-    brokers = start_cluster(start_broker, 3, {"KAFSCALE_ADMIN_TOKEN": token})
-    create_topic(brokers)
-    wait_for_leaders(brokers, {0, 1, 2})
-    history = History()
-    load = LoadProducer(brokers, history, "p1")
-    load.start()
-    load.wait_acked(1000)
+    brokers, _, load = loaded_cluster(start_broker, 3, {"KAFSCALE_ADMIN_TOKEN": token})
     drain = subprocess.run(
         [sys.executable, "-m", "kafscale", "drain", "--metrics-url",
          f"http://127.0.0.1:{brokers[0].metrics_port}"],
@@ -302,44 +296,28 @@ def test_kafscale_drain_hands_everything_over_before_the_stop(
     assert '"drained": true' in drain.stdout
     wait_for_leaders(brokers, {1, 2}, timeout=30)  # every broker, the drained one too, agrees
     assert brokers[0].running
-    load.wait_acked(len(history.acked) + 1000, timeout=120)
+    load.more(1000)
     assert brokers[0].terminate() == 0
-    load.stop()
-    read_everything(brokers[1:], history, len(history.acked))
-    print(history.check(), dict(load.errors))
+    finish(load, brokers[1:])
 
 
 def test_a_rolling_restart_of_every_broker_under_load_costs_only_retriable_errors(
     start_broker: Callable[..., Any],
 ) -> None:
-    brokers = start_cluster(start_broker, 3)
-    create_topic(brokers)
-    wait_for_leaders(brokers, {0, 1, 2})
-    history = History()
-    load = LoadProducer(brokers, history, "p1")
-    load.start()
-    load.wait_acked(1000)
+    brokers, _, load = loaded_cluster(start_broker, 3)
     for index in range(3):
         assert brokers[index].terminate() == 0  # hand-over first
         brokers[index] = start_broker(env=brokers[index].env)  # same id, ports, namespace
         brokers[index].wait_ready()
         wait_for_leaders(brokers, {0, 1, 2})
-        load.wait_acked(len(history.acked) + 500, timeout=120)
-    load.stop()
-    read_everything(brokers, history, len(history.acked))
-    print(history.check(), dict(load.errors))
+        load.more(500)
+    finish(load, brokers)
 
 
 def test_scaling_one_to_three_and_back_moves_partitions_without_loss(
     start_broker: Callable[..., Any],
 ) -> None:
-    first = start_cluster(start_broker, 1)
-    create_topic(first)
-    wait_for_leaders(first, {0})
-    history = History()
-    load = LoadProducer(first, history, "p1")
-    load.start()
-    load.wait_acked(1000)
+    first, _, load = loaded_cluster(start_broker, 1)
     added = [
         start_broker(backends="real", env={**FAST, "KAFSCALE_BROKER_ID": str(i)}, ready=True)
         for i in (1, 2)
@@ -347,11 +325,9 @@ def test_scaling_one_to_three_and_back_moves_partitions_without_loss(
     brokers = first + added
     leaders = wait_for_leaders(brokers, {0, 1, 2})
     assert sorted(Counter(leader for leader, _ in leaders.values()).values()) == [2, 2, 2]
-    load.wait_acked(len(history.acked) + 1000, timeout=120)
+    load.more(1000)
     for broker in added:
         assert broker.terminate() == 0
     wait_for_leaders(first, {0})
-    load.wait_acked(len(history.acked) + 1000, timeout=120)
-    load.stop()
-    read_everything(first, history, len(history.acked))
-    print(history.check(), dict(load.errors))
+    load.more(1000)
+    finish(load, first)
