@@ -76,6 +76,7 @@ class Arbiter:
         self._wakeup_r, self._wakeup_w = os.pipe()
         self.stopping = False
         self.failure: str | None = None  # why the broker stopped itself, if it did
+        self.stop_requested = False  # a SIGTERM/SIGINT came, handled or not
         self._boot_failure: str | None = None  # why start-up cannot complete
         self._booted = False
         self.hang_timeout_s = config.child_hang_timeout_ms / 1000
@@ -160,6 +161,8 @@ class Arbiter:
         for role in reversed(BOOT_ORDER):
             group = [child for child in self.children if child.role == role and child.alive]
             self._stop_group(group, STOP_GRACE_SECONDS[role])
+        with contextlib.suppress(FileNotFoundError):  # a next run on a new lease writes its own
+            os.unlink(os.path.join(self.runtime_dir, CONFIG_FILE))
         leaked = sweep_segments(self.run_id)
         if leaked:
             log.warning("removed shared memory left by children", extra={"segments": leaked})
@@ -309,6 +312,8 @@ class Arbiter:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals.append(signum)
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.stop_requested = True
 
     def _handle_signals(self) -> bool:
         """Act on queued signals; True if one asked us to stop."""

@@ -7,8 +7,14 @@ within ``KAFSCALE_BOOT_TIMEOUT_MS`` -- never a silent fallback to the embedded b
 The store lock (``kafscale.supervisor.ownership``) is taken after the preflight and before any
 child boots, held for the broker's life, and released only after every child has stopped. A
 broker that loses it to another broker stops at once: its children are SIGKILLed, not drained,
-since a drain would write to a store that is no longer this broker's. So does a broker whose
-lease (``kafscale.supervisor.membership``) is found expired: its partitions may be other brokers'.
+since a drain would write to a store that is no longer this broker's.
+
+A broker whose lease (``kafscale.supervisor.membership``) is found expired -- it was paused, or
+cut off from etcd, past the TTL -- kills its children the same way (its partitions may be other
+brokers' at higher epochs by now; what they held is dropped, as a Kafka leader that lost its
+leadership truncates) and then **rejoins in place**: a new lease, a new registration under the
+same node id, a new set of children, which claim partitions like any broker that joins. Only
+the supervisor and its store lock outlive the lease.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import dataclasses
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -40,52 +47,114 @@ log = logging.getLogger("kafscale.supervisor")
 
 # The coordinator gives up a partition's seal after 30 s (S3 down) and releases it anyway.
 HANDOVER_WAIT_S = 40.0
+# Between tries to join again after the lease was lost, while the store does not answer.
+REJOIN_RETRY_S = 1.0
+REJOIN_RETRY_MAX_S = 10.0
 
 
 def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
-    arbiter: Arbiter | None = None
     # Until the arbiter installs its handlers, SIGTERM interrupts start-up as Ctrl-C does: the
     # backend checks and the wait for the store lock may take a while.
     signal.signal(signal.SIGTERM, _interrupt)
+    failure: str | None = None
     try:
-        with (
-            _backends(config) as (objects, store),
-            _store_lock(config, store, run_id) as owned,
-            _membership(config, store, run_id) as member,
-        ):
-            if member.node_id != config.broker_id:  # KAFSCALE_BROKER_ID=auto
-                config = dataclasses.replace(config, broker_id=member.node_id)
-            arbiter = Arbiter(config, run_id, runtime_dir, member.lease_id)
-            try:
-                arbiter.prepare()
-                owned.keep(
-                    lambda reason: _stop_at_once(arbiter, f"the store lock was lost: {reason}")
+        with _backends(config) as (objects, store), _store_lock(config, store, run_id) as owned:
+            member: Membership | None = _join(config, store, run_id)
+            while member is not None:
+                failure, stop_requested = _serve(
+                    config, run_id, runtime_dir, objects, store, owned, member
                 )
-                member.keep(lambda reason: _stop_at_once(arbiter, reason))
-                _supervise(config, arbiter, objects, store, member)
-            finally:
-                if owned.lost is not None or member.lost is not None:
-                    # No drain: what the children hold can no longer be committed.
-                    _kill_children(arbiter)
-                arbiter.shutdown()  # every child stops while the store is still ours
-            if owned.lost is not None:
-                arbiter.failure = f"the store lock was lost: {owned.lost}"
-            elif member.lost is not None:
-                arbiter.failure = member.lost
-    except KeyboardInterrupt:  # SIGTERM or SIGINT before the arbiter's handlers
-        log.critical("cannot start: interrupted during start-up")
+                if member.lost is None or owned.lost is not None or stop_requested:
+                    break
+                # The lease ended under us (paused, or cut off from etcd past its TTL): every
+                # child was stopped with what it held. Join again, as a restarted broker would.
+                signal.signal(signal.SIGTERM, _interrupt)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                log.warning("rejoining the cluster with a new broker lease", extra={"why": failure})
+                member = _rejoin(config, store, run_id, owned)
+                failure = None if member is not None else f"the store lock was lost: {owned.lost}"
+    except KeyboardInterrupt:  # SIGTERM or SIGINT while no arbiter handles them
+        log.critical("stopped: interrupted before the broker was running")
         return 1
     except StartupError as exc:
-        if arbiter is not None and arbiter.failure:  # the lock was lost during the boot
-            log.critical("stopped: %s", arbiter.failure)
-        else:
-            log.critical("cannot start: %s", exc)
+        log.critical("cannot start: %s", exc)
         return 1
-    if arbiter is not None and arbiter.failure:
-        log.critical("stopped: %s", arbiter.failure)
+    if failure:
+        log.critical("stopped: %s", failure)
         return 1
     log.info("stopped")
     return 0
+
+
+def _serve(
+    config: Config,
+    run_id: str,
+    runtime_dir: str,
+    objects: ObjectStore,
+    store: MetadataStore,
+    owned: ownership.Ownership,
+    member: Membership,
+) -> tuple[str | None, bool]:
+    """Run the children on ``member``'s lease until a stop: why the broker stopped itself, if it
+    did (the lock or the lease lost, a child that cannot boot), and whether a SIGTERM/SIGINT
+    asked it to. Raises StartupError."""
+    if member.node_id != config.broker_id:  # KAFSCALE_BROKER_ID=auto
+        config = dataclasses.replace(config, broker_id=member.node_id)
+    arbiter = Arbiter(config, run_id, runtime_dir, member.lease_id)
+    try:
+        try:
+            arbiter.prepare()
+            owned.keep(lambda reason: _stop_at_once(arbiter, f"the store lock was lost: {reason}"))
+            member.keep(lambda reason: _stop_at_once(arbiter, reason))
+            _supervise(config, arbiter, objects, store, member)
+        finally:
+            if owned.lost is not None or member.lost is not None:
+                # No drain: what the children hold can no longer be committed.
+                _kill_children(arbiter)
+            arbiter.shutdown()  # every child stops while the store is still ours
+            member.leave()
+    except StartupError:
+        if member.lost is None and owned.lost is None:
+            raise
+        # The lock or the lease was lost while the children booted: handled as below.
+    if owned.lost is not None:
+        return f"the store lock was lost: {owned.lost}", arbiter.stop_requested
+    return member.lost or arbiter.failure, arbiter.stop_requested
+
+
+def _join(config: Config, store: MetadataStore, run_id: str) -> Membership:
+    """Join the cluster (grant the broker lease, register on it). Raises StartupError."""
+    broker = BrokerRecord(
+        node_id=max(config.broker_id, 0),
+        host=config.advertised_listener_host,
+        port=config.broker_port,
+        run_id=run_id,
+    )
+    member = Membership(
+        store, config.s3_namespace, broker, config.store_lock_ttl_s, auto_id=config.broker_id < 0
+    )
+    try:
+        member.join()
+    except (BrokerIdTaken, MetadataStoreError) as exc:
+        raise StartupError(str(exc)) from None
+    return member
+
+
+def _rejoin(
+    config: Config, store: MetadataStore, run_id: str, owned: ownership.Ownership
+) -> Membership | None:
+    """Join again after the lease was lost, retrying while the store cannot be reached (it was
+    reachable a moment ago: it said the lease is gone). None if the store lock was lost
+    meanwhile. A SIGTERM during the wait stops the broker (KeyboardInterrupt)."""
+    delay = REJOIN_RETRY_S
+    while owned.lost is None:
+        try:
+            return _join(config, store, run_id)
+        except StartupError as exc:
+            log.warning("cannot rejoin the cluster yet; retrying", extra={"error": str(exc)})
+        time.sleep(delay)
+        delay = min(delay * 2, REJOIN_RETRY_MAX_S)
+    return None
 
 
 @contextlib.contextmanager
@@ -122,28 +191,6 @@ def _store_lock(config: Config, store: MetadataStore, run_id: str) -> Iterator[o
         yield owned
     finally:
         owned.release()
-
-
-@contextlib.contextmanager
-def _membership(config: Config, store: MetadataStore, run_id: str) -> Iterator[Membership]:
-    """Join the cluster (the broker lease and registration) for the body, leave after it."""
-    broker = BrokerRecord(
-        node_id=max(config.broker_id, 0),
-        host=config.advertised_listener_host,
-        port=config.broker_port,
-        run_id=run_id,
-    )
-    member = Membership(
-        store, config.s3_namespace, broker, config.store_lock_ttl_s, auto_id=config.broker_id < 0
-    )
-    try:
-        member.join()
-    except (BrokerIdTaken, MetadataStoreError) as exc:
-        raise StartupError(str(exc)) from None
-    try:
-        yield member
-    finally:
-        member.leave()
 
 
 def _interrupt(signum: int, _frame: object) -> NoReturn:

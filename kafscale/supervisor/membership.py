@@ -17,7 +17,8 @@ Invariants:
 - The keeper retries a failed refresh every second (etcd down does not expire leases: etcd re-arms
   them when it comes back). A lease found gone (``LeaseExpired``) is lost for good: every key on
   it went with it and other brokers may own our partitions at higher epochs by now, so
-  ``on_lost`` is called once and the supervisor stops this broker's children without a drain.
+  ``on_lost`` is called once; the supervisor stops this broker's children without a drain and
+  joins again with a new ``Membership`` (``kafscale.supervisor.broker``).
 - ``set_draining`` rewrites our registration (same lease, compare-and-set on our own value) so
   other brokers stop assigning partitions to us while we hand ours over.
 """

@@ -320,20 +320,31 @@ def committed_values(broker: Any, topic: str, partition: int) -> list[bytes]:
     return [r.value for r in committed_records(broker.env, topic, partition) if r.value is not None]
 
 
-def assert_nothing_acknowledged_lost(broker: Any, loads: list[Load]) -> None:
+def assert_nothing_acknowledged_lost(
+    broker: Any, loads: list[Load], acks1_committed_before: float | None = None
+) -> None:
+    """Every acknowledged record is committed, once. With ``acks1_committed_before`` (the broker
+    lost its lease and rejoined), acks=1 records are only required up to 5 s before that moment
+    (a flush interval and a commit, with room): later ones may have been dropped with the old
+    children."""
     for load in loads:
+        acknowledged = load.acknowledged()
+        if acks1_committed_before is not None and load.acks == 1:
+            acknowledged = [o for o in acknowledged if o.sent_at < acks1_committed_before - 5.0]
         # acks=1 records are committed a flush interval after their answer: wait for the last.
-        last = max((o.base_offset for o in load.acknowledged()), default=-1)
+        last = max((o.base_offset for o in acknowledged), default=-1)
         wait_for(
             lambda load=load, last=last: high_watermark(broker, load.topic, load.partition) > last,
             60,
             f"{load.name}: every acknowledged record committed",
         )
         stored = committed_values(broker, load.topic, load.partition)
-        acknowledged = [o.value for o in load.acknowledged()]
         assert len(stored) == len(set(stored)), f"{load.name}: a record stored twice"
-        missing = set(acknowledged) - set(stored)
+        missing = {o.value for o in acknowledged} - set(stored)
         assert not missing, f"{load.name}: {len(missing)} acknowledged records lost"
+        dropped = len({o.value for o in load.acknowledged()} - set(stored))
+        if dropped:
+            print(f"{load.name}: {dropped} acks=1 records acknowledged late were dropped")
 
 
 def assert_refused_with_retriable_errors(loads: list[Load], start: float, end: float) -> None:
@@ -348,12 +359,23 @@ def assert_refused_with_retriable_errors(loads: list[Load], start: float, end: f
     assert fast, f"never refused at once: {sorted({str(o.error) for o in during})}"
 
 
-def assert_only_retriable_errors(loads: list[Load]) -> None:
+def assert_only_retriable_errors(loads: list[Load], closed_after: float | None = None) -> None:
+    """Every answer a success or a retriable error, and no failed connection -- except, with
+    ``closed_after``, from then until the load's next success (the broker rejoined: its
+    listener was closed while its children restarted)."""
     for load in loads:
+        reopened = min(
+            (o.sent_at for o in load.acknowledged() if o.sent_at >= (closed_after or 0.0)),
+            default=float("inf"),
+        )
         bad = [
             o
             for o in load.outcomes
-            if o.error is None or (o.error != ErrorCode.none and not o.error.retriable)
+            if (
+                o.error is None
+                and not (closed_after is not None and closed_after <= o.sent_at < reopened)
+            )
+            or (o.error is not None and o.error != ErrorCode.none and not o.error.retriable)
         ]
         assert not bad, f"{load.name}: {bad[:5]}"
 
@@ -365,16 +387,7 @@ def assert_only_retriable_errors(loads: list[Load]) -> None:
     ("how", "seconds"),
     [
         ("stopped", 60),
-        pytest.param(
-            "paused",
-            30,
-            marks=pytest.mark.xfail(
-                reason="issue 16: etcd resumed after a 30 s pause (SIGSTOP) ends the broker "
-                "lease (10 s TTL), and a broker whose lease ended exits 1 instead of rejoining in "
-                "place (NOTES.md, issue 16); the store lock it replaced was re-taken",
-                strict=False,
-            ),
-        ),
+        ("paused", 30),
     ],
 )
 def test_etcd_down_under_load(
@@ -424,14 +437,26 @@ def test_etcd_down_under_load(
     assert after["coordinator-0"] != before["coordinator-0"]
     assert after["flusher-0"] != before["flusher-0"]
     assert '"stopping the broker"' not in broker.log_text()
+    # A stopped etcd keeps its leases (it re-arms them when it starts). A paused one expires the
+    # broker lease when it resumes (the lease was not refreshed for 30 s, 10 s TTL), unless a
+    # refresh wins the race: the broker then kills its children and rejoins in place, its
+    # listener closed for a moment, its acks=1 records not yet committed dropped (as a Kafka
+    # leader that lost its leadership truncates).
+    rejoined = "rejoining the cluster with a new broker lease" in broker.log_text()
+    assert not (rejoined and how == "stopped")
     # Detection: a stopped etcd refuses connections at once (the flush interval and one commit);
     # a paused one lets a commit wait out KAFSCALE_ETCD_TIMEOUT_MS (5 s) first.
     detected = 5.0 if how == "stopped" else 10.0
     assert_refused_with_retriable_errors(loads, stopped_at + detected, restarted_at)
-    assert_only_retriable_errors(loads)
+    assert_only_retriable_errors(loads, closed_after=restarted_at if rejoined else None)
     assert any(status == 503 and "metadata" in " ".join(p) for status, p in watch.readyz)
     wait_for(lambda: readyz(broker)[0] == 200, 60, "/readyz to say ready again")
-    assert_nothing_acknowledged_lost(broker, loads)
+    assert_nothing_acknowledged_lost(
+        broker, loads, acks1_committed_before=stopped_at if rejoined else None
+    )
+    print(
+        f"etcd {how} {seconds} s: {'rejoined with a new lease' if rejoined else 'kept its lease'}"
+    )
     committed_objects(broker, "etcd-outage", 2)
     print(f"etcd {how} {seconds} s: produce recovered {recovered_in:.1f} s after etcd was back")
 

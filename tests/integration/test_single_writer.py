@@ -4,8 +4,8 @@ Real `kafscale serve` processes against the embedded backends (one data director
 real etcd + MinIO (one bucket and namespace, which brokers share: docs/design/scale-out.md), with
 a real client (confluent-kafka): a second broker on a data directory refuses to start, naming the
 first; on etcd + MinIO a second broker with the same node id waits out a crashed holder's
-registration and refuses a live one; a broker whose lease is gone stops at once; namespaces are
-separate.
+registration and refuses a live one; a broker whose lease is gone kills its children and rejoins
+in place; namespaces are separate.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kafscale.metadata.etcd import EtcdMetadataStore
-from kafscale.metadata.records import Keys
+from kafscale.metadata.records import Keys, decode_leader
 
 pytestmark = pytest.mark.integration
 
@@ -199,11 +199,12 @@ def test_brokers_of_two_namespaces_share_one_etcd_and_bucket(
     assert consume(second.bootstrap, 1) == [(0, b"second-0")]
 
 
-def test_a_broker_whose_lease_is_gone_stops_at_once_without_a_drain(
+def test_a_broker_whose_lease_is_gone_kills_its_children_and_rejoins_in_place(
     start_broker: Callable[..., Any], etcd_server: Any
 ) -> None:
     broker = start_broker(backends="real", env=FAST_LOCK, ready=True)
     assert produce(broker.bootstrap, [b"one"]) == [0]
+    old_children = set(broker.children())
     # Its lease ends (as when it was paused or cut off from etcd past its TTL): every leader
     # key on it goes, and other brokers may own its partitions at newer epochs by now.
     store = EtcdMetadataStore([etcd_server.endpoint])
@@ -211,16 +212,35 @@ def test_a_broker_whose_lease_is_gone_stops_at_once_without_a_drain(
         keys = Keys(broker.env["KAFSCALE_S3_NAMESPACE"])
         registration = store.get(keys.broker(0))
         assert registration is not None and registration.lease_id
-        assert store.get(keys.leader(TOPIC, 0)) is not None
+        leader = store.get(keys.leader(TOPIC, 0))
+        assert leader is not None
         etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoint}"]
         revoke = [*etcdctl, "lease", "revoke", f"{registration.lease_id:x}"]
         subprocess.run(revoke, check=True, capture_output=True, timeout=30)
         assert store.get(keys.leader(TOPIC, 0)) is None
-        assert broker.wait(timeout=30) == 1
+        # It rejoins: a new lease and registration under the same id, new children that claim
+        # the partition again at a newer epoch.
+        deadline = time.monotonic() + 60
+        while True:
+            assert broker.running, broker.log_tail()
+            again = store.get(keys.broker(0))
+            claimed = store.get(keys.leader(TOPIC, 0))
+            if again is not None and claimed is not None:
+                break
+            assert time.monotonic() < deadline, broker.log_tail()
+            time.sleep(0.2)
+        assert again.lease_id not in (0, registration.lease_id)
+        assert claimed.lease_id == again.lease_id
+        assert decode_leader(claimed.value).epoch > decode_leader(leader.value).epoch
     finally:
         store.close()
-    stopped = critical(broker)
-    assert stopped.startswith("stopped: the broker lease") and "expired" in stopped
+    messages = [line.get("msg") for line in log_lines(broker)]
+    assert "broker lease lost" in messages
+    assert "rejoining the cluster with a new broker lease" in messages
+    broker.wait_ready(timeout=60)
+    assert not old_children & set(broker.children())  # a new set of children
+    assert produce(broker.bootstrap, [b"two"]) == [1]
+    assert consume(broker.bootstrap, 2) == [(0, b"one"), (1, b"two")]
     children_stopped = [
         line
         for line in log_lines(broker)
