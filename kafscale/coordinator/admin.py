@@ -11,25 +11,22 @@ partitions) gets ``offsets_partitions`` of them at start (``grow_offsets_topic``
 broker could coordinate a group. A count it was created with is never changed.
 
 A topic's chunk records reference write-ahead objects that hold other topics' data too: those
-objects are the WAL garbage collector's (``WalReferences``), told of every reference a deletion
-removes (read from the records just before they are deleted). A chunk record that does not
-decode is deleted uncounted: its object is then never collected (kept, never lost).
+objects are the WAL garbage collector's (``wal_gc.WalReferences``), which follows the deletions
+of the records by its watch and deletes an object once nothing references it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 import msgspec
 
 from kafscale.coordinator import topics
-from kafscale.coordinator.wal_gc import WalReferences
 from kafscale.ipc.messages import CreateTopics, DeleteTopics, TopicResult, TopicResults
 from kafscale.ipc.rpc import Incoming
 from kafscale.metadata import records
 from kafscale.metadata.records import Keys, TopicRecord
-from kafscale.metadata.store import Compare, Delete, KeyValue, MetadataStore, Put
+from kafscale.metadata.store import Compare, Delete, MetadataStore, Put
 from kafscale.metadata.topic_names import OFFSETS_TOPIC
 from kafscale.protocol.errors import ErrorCode
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
@@ -47,11 +44,9 @@ class TopicAdmin:
         objects: ObjectStore,
         namespace: str,
         default_partitions: int,
-        refs: WalReferences | None = None,
         offsets_partitions: int = OFFSETS_PARTITIONS,
     ) -> None:
         self.store = store
-        self.refs = refs
         self.objects = objects
         self.namespace = namespace
         self.keys = Keys(namespace)
@@ -152,7 +147,7 @@ class TopicAdmin:
                 )
                 continue
             self._delete_keys(self.keys.topic_partitions(record.name))
-            self._delete_keys(self.keys.topic_segments(record.name), segments=True)
+            self._delete_keys(self.keys.topic_segments(record.name))
             self._delete_keys(self.keys.topic_leaders(record.name))  # before the name is free
             self.store.transaction(
                 [Compare(kv.key, mod_revision=kv.mod_revision)], [Delete(kv.key)]
@@ -182,16 +177,12 @@ class TopicAdmin:
         self.objects.delete_many([info.key for info in objects])
         return len(objects)
 
-    def _delete_keys(self, prefix: str, segments: bool = False) -> None:
-        """Delete every key under ``prefix``; ``segments``: they are segment records, whose
-        references to write-ahead objects the garbage collector hears of as they go."""
+    def _delete_keys(self, prefix: str) -> None:
+        """Delete every key under ``prefix``."""
         found = self.store.get_prefix(prefix)
         for start in range(0, len(found), MAX_OPERATIONS):
             batch = found[start : start + MAX_OPERATIONS]
             self.store.transaction([], [Delete(kv.key) for kv in batch])
-            if segments and self.refs is not None:
-                for object_key, count in _chunk_references(batch).items():
-                    self.refs.removed(object_key, count)
 
     def _topics(self) -> dict[str, TopicRecord]:
         found = {}
@@ -203,16 +194,3 @@ class TopicAdmin:
                 continue
             found[record.name] = record
         return found
-
-
-def _chunk_references(found: list[KeyValue]) -> Counter[str]:
-    """How many of the segment records ``found`` reference each write-ahead object."""
-    references: Counter[str] = Counter()
-    for kv in found:
-        try:
-            segment = records.decode_segment(kv.value)
-        except (msgspec.DecodeError, ValueError, TypeError):
-            continue  # damaged, or another version's: its object is never collected
-        if segment.is_chunk:
-            references[segment.object] += 1
-    return references

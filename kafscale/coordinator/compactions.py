@@ -19,14 +19,13 @@ The entries read now must be chunks covering ``first_base..last_offset`` exactly
   a transaction that fails its compares is retried run by run, so each run is committed or
   refused alone.
 
-References (``wal_gc``): the replaced chunks' objects lose theirs; a merged chunk's object gains
-one.
+References (``wal_gc``, which counts them from its watch): the replaced chunks' objects lose
+theirs; a merged chunk's object gains one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,7 +47,7 @@ from kafscale.storage import wal
 from . import leadership
 from .commit_plan import OP_OVERHEAD, Limits, compaction_refusal
 from .leadership import Leaders
-from .partitions import DEFAULT_LIMITS, References
+from .partitions import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +83,12 @@ class CompactionCommitter:
         namespace: str,
         high_watermark: Callable[[str, int], int],
         leaders: Leaders,
-        refs: References | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.store = store
         self.keys = Keys(namespace)
         self.leaders = leaders
         self.high_watermark = high_watermark  # PartitionCommitter.high_watermark
-        self.refs = refs
         self.limits = limits
 
     def handle(self, incoming: Incoming) -> SegmentCommitted:
@@ -135,11 +132,9 @@ class CompactionCommitter:
         A metadata store failure before any run committed raises; after, the runs left are
         answered not committed."""
         wal_key = self.keys.wal_object(wal.object_name(request.wal.key))
-        put = self.store.transaction(
+        self.store.transaction(
             [Compare.absent(wal_key)], [Put(wal_key, records.encode(request.wal))]
         )
-        if put.succeeded and self.refs is not None:
-            self.refs.added(request.wal.key, 0)
         results: dict[int, SegmentCommitted] = {}
         ready: list[tuple[int, _Prepared]] = []
         topics: dict[str, KeyValue | None] = {}
@@ -216,11 +211,6 @@ class CompactionCommitter:
 
     def _committed(self, prepared: _Prepared) -> None:
         request = prepared.request
-        if self.refs is not None:
-            for object_key, count in Counter(entry.object for entry in prepared.replaced).items():
-                self.refs.removed(object_key, count)
-            if request.segment.is_chunk:
-                self.refs.added(request.segment.object, 1)
         log.debug(
             "chunks compacted",
             extra={

@@ -15,16 +15,15 @@ at its leader epoch commits: ``leaders``, docs/design/scale-out.md):
 - ``CommitSegment``: one spec segment at the high watermark: what ``kafscale.shards.recovery``
   adopts when a previous version's flusher uploaded a segment and crashed before committing it.
 
-``high_watermarks`` follows every commit (the groups read it for lag); ``refs``, when given, hears
-of every reference to a write-ahead object that a commit adds (``compactions`` replaces them).
+``high_watermarks`` follows every commit (the groups read it for lag). The references to
+write-ahead objects that commits add are counted by the WAL garbage collector from its watch.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
-from typing import Protocol
 
 import msgspec
 
@@ -59,14 +58,6 @@ log = logging.getLogger(__name__)
 DEFAULT_LIMITS = Limits(max_ops=128, max_bytes=1024 * 1024)  # etcd's defaults, with headroom
 
 
-class References(Protocol):
-    """What the WAL garbage collector (``wal_gc.WalReferences``) hears of commits."""
-
-    def added(self, object_key: str, count: int) -> None: ...
-
-    def removed(self, object_key: str, count: int) -> None: ...
-
-
 class PartitionCommitter:
     def __init__(
         self,
@@ -74,13 +65,11 @@ class PartitionCommitter:
         namespace: str,
         leaders: Leaders,
         limits: Limits = DEFAULT_LIMITS,
-        refs: References | None = None,
     ) -> None:
         self.store = store
         self.keys = Keys(namespace)
         self.leaders = leaders
         self.limits = limits
-        self.refs = refs
         self.high_watermarks: dict[PartitionId, int] = {}  # as committed by this process
         self._topics: dict[str, Stored[TopicRecord] | None] = {}
         self._partitions: dict[PartitionId, Stored[PartitionRecord] | None] = {}
@@ -209,10 +198,6 @@ class PartitionCommitter:
             run.results[index] = msgspec.structs.replace(
                 run.results[index], committed=True, high_watermark=high_watermark, error=None
             )
-        if self.refs is not None:
-            objects = Counter(run.request.chunks[i].chunk.object for i in txn.chunks)
-            for object_key, count in objects.items():
-                self.refs.added(object_key, count)
         log.debug(
             "chunks committed",
             extra={"object": run.request.wal.key, "chunks": len(txn.chunks), "revision": revision},

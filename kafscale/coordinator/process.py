@@ -55,8 +55,7 @@ def run(ctx: ChildContext) -> None:
         store.check()
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
-        # The references follow the store (other brokers commit and compact too), so nothing
-        # below reports them: committers, retention and deletions are given no ``refs``.
+        # The references follow the store by a watch: other brokers commit and compact too.
         refs = WalReferences(store, objects, keys)
         refs.follow(refs.load())
         admin = TopicAdmin(

@@ -13,12 +13,12 @@ offset past the deleted entries and removes their records (one ``DeleteRange``: 
 of the partition's keys; from then on no reader can find them); a notice to the owning shard so it
 stops serving them at once (fetches below the new start get OFFSET_OUT_OF_RANGE); then the
 segments' ``.kfs``/``.index`` objects. A chunk's write-ahead object holds other partitions' data
-too: retention only tells the WAL garbage collector (``WalReferences.removed``), which deletes the
-object once nothing references it. Objects that cannot be deleted then (S3 down) are retried at
-the next round; a coordinator crash between the transaction and the deletes leaves them in the
-bucket (NOTES.md). As in Kafka, retention can empty a partition completely; its next offset is
-unchanged. A round deletes at most ``MAX_ENTRIES`` entries, ``MAX_SEGMENTS`` of them segments, per
-partition (segment objects are deleted one by one on the coordinator's thread).
+too: the WAL garbage collector (``wal_gc.WalReferences``) sees its records go by its watch and
+deletes the object once nothing references it. Objects that cannot be deleted then (S3 down) are
+retried at the next round; a coordinator crash between the transaction and the deletes leaves
+them in the bucket (NOTES.md). As in Kafka, retention can empty a partition completely; its next
+offset is unchanged. A round deletes at most ``MAX_ENTRIES`` entries, ``MAX_SEGMENTS`` of them
+segments, per partition (segment objects are deleted one by one on the coordinator's thread).
 
 Containment: a topic, partition or segment record that does not decode (written by another
 version, or damaged) costs that topic or partition this round, logged once (``FaultLog``) and
@@ -38,7 +38,6 @@ import zmq
 
 from kafscale import metrics
 from kafscale.config import Config
-from kafscale.coordinator.wal_gc import WalReferences
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.routing import shard_for
 from kafscale.metadata import records, topic_configs
@@ -93,10 +92,8 @@ class RetentionCleaner:
         objects: ObjectStore,
         context: zmq.Context[zmq.Socket[bytes]],
         runtime_dir: str,
-        refs: WalReferences | None = None,
     ) -> None:
         self.config = config
-        self.refs = refs  # told of the chunk references retention removes
         self.store = store
         self.objects = objects
         self.keys = Keys(config.s3_namespace)
@@ -183,9 +180,6 @@ class RetentionCleaner:
         if not txn.succeeded:
             return 0  # a commit moved the partition meanwhile: the next round sees it
         chunks = Counter(s.object for s in doomed if s.is_chunk)
-        if self.refs is not None:
-            for object_key, count in chunks.items():
-                self.refs.removed(object_key, count)
         self._notify(topic, partition, updated.log_start_offset)
         ns = self.config.s3_namespace
         self._leftovers += self._delete_objects(

@@ -158,8 +158,7 @@ def test_deleting_a_topic_removes_its_references_to_write_ahead_objects(tmp_path
     objects = LocalObjectStore(str(tmp_path / "segments"))
     keys = Keys("ns")
     shared, own = (wal.object_key("ns", 0, "0123456789abcdef", seq) for seq in range(2))
-    refs = WalReferences(store, objects, keys)
-    admin = TopicAdmin(store, objects, "ns", default_partitions=2, refs=refs)
+    admin = TopicAdmin(store, objects, "ns", default_partitions=2)
     admin.create(CreateTopics(topics=[TopicSpec(name="t", partitions=2)]))
     admin.create(CreateTopics(topics=[TopicSpec(name="other", partitions=1)]))
 
@@ -177,11 +176,20 @@ def test_deleting_a_topic_removes_its_references_to_write_ahead_objects(tmp_path
         keys.segment("t", 1, 10), records.encode(records.SegmentRecord(10, 19, 1, 1, 1, 0, 0))
     )
     store.put(keys.segment("t", 1, 20), b"{damaged")
-    refs.added(shared, 3)
-    refs.added(own, 150)
+    for object_key in (shared, own):
+        record = records.WalRecord(
+            object_key, 10, 0, 0, [("t", 0, 0), ("t", 1, 0), ("other", 0, 0)]
+        )
+        store.put(keys.wal_object(wal.object_name(object_key)), records.encode(record))
+    refs = WalReferences(store, objects, keys)
+    refs.load()
+    assert (refs.count(shared), refs.count(own)) == (3, 150)
     reply = admin.delete(DeleteTopics(names=["t"]))
     assert [(r.name, r.error_code) for r in reply.results] == [("t", 0)]
     assert store.get_prefix(keys.topic_segments("t")) == []
+    # What the WAL garbage collector counts from the store now (it follows it by a watch).
+    refs = WalReferences(store, objects, keys)
+    refs.load()
     assert (refs.count(shared), refs.count(own)) == (1, 0)
     store.close()
 

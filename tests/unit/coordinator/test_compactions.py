@@ -57,9 +57,7 @@ def chunks_committed(setup: Setup, count: int, objects: int = 1) -> None:
 
 def committer(setup: Setup) -> CompactionCommitter:
     partitions = setup.make(Limits(max_ops=128, max_bytes=1 << 20))
-    return CompactionCommitter(
-        setup.store, "ns", partitions.high_watermark, setup.leaders, setup.refs
-    )
+    return CompactionCommitter(setup.store, "ns", partitions.high_watermark, setup.leaders)
 
 
 def test_1000_chunks_become_one_segment_in_one_transaction(setup: Setup) -> None:
@@ -71,7 +69,7 @@ def test_1000_chunks_become_one_segment_in_one_transaction(setup: Setup) -> None
     # three compares (topic, first chunk, leader key); a put and one range delete
     assert setup.store.transactions == [(3, 2)]
     assert entries(setup) == [(0, 999, False)]
-    assert all(setup.refs.counts[object_key(seq)] == 0 for seq in range(4))
+    assert all(setup.references()[object_key(seq)] == 0 for seq in range(4))
 
 
 def test_a_middle_run_is_replaced_and_the_rest_kept(setup: Setup) -> None:
@@ -86,7 +84,7 @@ def test_a_middle_run_is_replaced_and_the_rest_kept(setup: Setup) -> None:
         (8, 8, True),
         (9, 9, True),
     ]
-    assert setup.refs.counts[object_key(0)] == 6
+    assert setup.references()[object_key(0)] == 6
     # a single chunk: no range delete
     setup.store.transactions = []
     assert committer(setup).commit(compaction(setup, 8, 8)).committed
@@ -184,8 +182,7 @@ def test_runs_of_many_partitions_merge_into_one_object(setup: Setup) -> None:
         "ns",
         partitions.high_watermark,
         setup.leaders,
-        setup.refs,
-        Limits(max_ops=40, max_bytes=1 << 20),
+        limits=Limits(max_ops=40, max_bytes=1 << 20),
     )
     setup.store.transactions = []
     runs = [merge_run(setup, p, 0, 4) for p in range(100)]
@@ -197,15 +194,15 @@ def test_runs_of_many_partitions_merge_into_one_object(setup: Setup) -> None:
     assert partition_entries(setup, 7) == [(0, 4, MERGED)] + [
         (b, b, object_key(1)) for b in range(5, 10)
     ]
-    assert setup.refs.counts[MERGED] == 100
-    assert setup.refs.counts[object_key(0)] == 0 and setup.refs.counts[object_key(1)] == 500
+    assert setup.references()[MERGED] == 100
+    assert setup.references()[object_key(0)] == 0 and setup.references()[object_key(1)] == 500
     stored = setup.store.store.get(KEYS.wal_object(wal.object_name(MERGED)))
     assert stored is not None and records.decode_wal(stored.value).merged
 
     # A retry (the answer was lost) finds the record and the runs in place: nothing changes.
     again = compactions.commit_merge(merge_request(runs[:3]))
     assert all(r.committed for r in again.results)
-    assert setup.refs.counts[MERGED] == 100
+    assert setup.references()[MERGED] == 100
 
     # Sealing later: the merged chunk and the chunks after it become one spec segment.
     sealed = compactions.commit(
@@ -213,7 +210,7 @@ def test_runs_of_many_partitions_merge_into_one_object(setup: Setup) -> None:
     )
     assert sealed.committed
     assert partition_entries(setup, 7) == [(0, 9, "")]
-    assert setup.refs.counts[MERGED] == 99 and setup.refs.counts[object_key(1)] == 495
+    assert setup.references()[MERGED] == 99 and setup.references()[object_key(1)] == 495
 
 
 def test_a_refused_run_leaves_the_others_committed(setup: Setup) -> None:
@@ -232,7 +229,7 @@ def test_a_refused_run_leaves_the_others_committed(setup: Setup) -> None:
     assert [r.committed for r in result] == [True, False, False, True]
     assert "end at 4, not 7" in (result[1].error or "")
     assert "not a chunk of" in (result[2].error or "")
-    assert setup.refs.counts[MERGED] == 2
+    assert setup.references()[MERGED] == 2
 
 
 def test_a_transaction_that_fails_its_compares_is_retried_run_by_run(setup: Setup) -> None:

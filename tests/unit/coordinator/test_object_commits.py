@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +69,9 @@ class Recording:
 
 
 @dataclass
-class Refs:
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def added(self, object_key: str, count: int) -> None:
-        self.counts[object_key] += count
-
-    def removed(self, object_key: str, count: int) -> None:
-        self.counts[object_key] -= count
-
-
-@dataclass
 class Setup:
     store: Recording
     admin: TopicAdmin
-    refs: Refs
     topic_ids: dict[str, str]
     make: Callable[[Limits], PartitionCommitter]
     leaders: ClaimedLeaders
@@ -96,6 +84,17 @@ class Setup:
         self.topic_ids[name] = topic_id
         self.leaders.claim(name, range(partitions))
 
+    def references(self) -> Counter[str]:
+        """How many chunk records in the store reference each write-ahead object: what the WAL
+        garbage collector counts (from its watch) and deletes an object at 0 of."""
+        found: Counter[str] = Counter()
+        for topic in self.topic_ids:
+            for kv in self.store.store.get_prefix(KEYS.topic_segments(topic)):
+                segment = records.decode_segment(kv.value)
+                if segment.is_chunk:
+                    found[segment.object] += 1
+        return found
+
     def partition(self, topic: str, partition: int) -> PartitionRecord:
         kv = self.store.store.get(KEYS.partition(topic, partition))
         assert kv is not None
@@ -107,13 +106,12 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
     sqlite = SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
     store = Recording(sqlite)
     admin = TopicAdmin(sqlite, LocalObjectStore(str(tmp_path / "objects")), "ns", 1)
-    refs = Refs()
     leaders = ClaimedLeaders(sqlite, "ns")
 
     def make(limits: Limits) -> PartitionCommitter:
-        return PartitionCommitter(store, "ns", leaders, limits, refs=refs)
+        return PartitionCommitter(store, "ns", leaders, limits)
 
-    ready = Setup(store, admin, refs, {}, make, leaders)
+    ready = Setup(store, admin, {}, make, leaders)
     ready.create("t", 300)
     yield ready
     sqlite.close()
@@ -171,7 +169,7 @@ def test_300_partitions_then_a_second_object(setup: Setup) -> None:
         epochs=[(0, 0)],
         wal_committed=True,
     )
-    assert setup.refs.counts == {first.wal.key: 300}
+    assert setup.references() == {first.wal.key: 300}
     assert committer.high_watermarks[("t", 17)] == 10
 
     # The second object costs no reads: every record is cached from the first one's commits.
@@ -284,7 +282,7 @@ def test_the_wal_record_moves_to_the_next_transaction_when_the_first_fails(setup
     results = committer.commit_object(second).results
     assert [r.committed for r in results] == [False] * 3 + [True] * 3
     assert setup.store.store.get(wal_record_key(KEYS, second.wal.key)) is not None
-    assert setup.refs.counts[second.wal.key] == 3
+    assert setup.references()[second.wal.key] == 3
 
 
 def test_a_store_failure_after_a_partial_commit(setup: Setup) -> None:
