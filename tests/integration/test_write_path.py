@@ -25,7 +25,7 @@ from kafscale.metadata.records import Keys, SegmentRecord, decode_topic, decode_
 from kafscale.protocol import records as batches
 from kafscale.storage import open_object_store, wal
 from kafscale.storage import segment as segments
-from tests.harness.stored import committed_entries, committed_records
+from tests.harness.stored import StoredReader, committed_entries, committed_records
 
 pytestmark = pytest.mark.integration
 
@@ -117,13 +117,14 @@ def test_many_partitions_flush_in_one_object(
     assert s3_requests(broker, "put") - puts_before == 1
     assert s3_requests(broker, "list") == lists_before
     objects = set()
-    for p in range(partitions):
-        [entry] = committed_entries(broker.env, "wide", p)
-        assert entry.is_chunk
-        objects.add(entry.record.object)
-        assert [r.value for r in committed_records(broker.env, "wide", p)] == [
-            b"p%d-%d" % (p, i) for i in range(5)
-        ]
+    with StoredReader(broker.env) as stored:
+        for p in range(partitions):
+            [entry] = stored.entries("wide", p)
+            assert entry.is_chunk
+            objects.add(entry.record.object)
+            assert [r.value for r in stored.records("wide", p)] == [
+                b"p%d-%d" % (p, i) for i in range(5)
+            ]
     assert len(objects) == 1
     [key] = objects
     assert f"/{wal.WAL_PREFIX}/" in key
