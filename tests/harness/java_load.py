@@ -3,13 +3,14 @@ an idempotent acks=all kafka-clients producer, run as a process while a test kil
 brokers. Each acknowledgement it prints goes into the test's `History` as it arrives, next to
 what librdkafka's load acknowledged, so one history check covers both.
 
-    load = java_load(bootstrap, "t", 6, history, "java")  # the fixture: started, and
-                                      # killed at teardown if the test did not stop it
-    ...                               # faults
-    load.stop()                       # closes its stdin: it sends no more, waits for every
-                                      # record in flight, prints "done" and exits 0
+    load = java_load(bootstrap, "t", 6, history, "java")  # the fixture: running
+    load.more(500)        # wait for 500 more acknowledgements of this producer
+    ...                   # faults
+    load.stop()           # closes its stdin: it sends no more, waits for every record in
+                          # flight, prints "done" and exits 0
 
-The process stops by itself when its stdin closes, so a test that dies leaves no producer behind.
+The process also stops when its stdin closes because the test process died, and the fixture
+kills a load a failed test did not stop.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ coordinator, the owner of its __consumer_offsets partition; every broker names t
 FindCoordinator, the others answer its requests NOT_COORDINATOR and list only their own groups;
 a group whose coordinator hands its partitions over (SIGTERM) carries on at its committed
 offsets on the new coordinator; and a group of real consumers (librdkafka and kafka-clients)
-whose coordinator is SIGKILLed in the middle of a rebalance, under idempotent load, converges
-on a new coordinator with its committed offsets and reads every acknowledged record."""
+whose coordinator is SIGKILLed, or SIGSTOPped past its lease, in the middle of a rebalance under
+idempotent load converges on a new coordinator with its committed offsets and reads every
+acknowledged record."""
 
 from __future__ import annotations
 
@@ -322,7 +323,8 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
         m.wait_for(lambda c: c.committed, timeout=30, what="a commit")
 
     # The rebalance waits for a member that cannot answer (paused), so the moment is certain:
-    # the coordinator holds the JoinGroup of every member but that one.
+    # the coordinator is stopped in PreparingRebalance, with the joiner's JoinGroup parked (or
+    # the leaver gone) and the first member rejoining (it revoked and committed).
     first, slow = members[0], members[1]
     coordinator = by_id[old]
     family = [coordinator.pid, *coordinator.children()]
@@ -368,7 +370,7 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
     load.more(1000)  # consumption continues on every member
     load.stop()
     for m in members:
-        m.wait_for(lambda c: any(r.at > converged for r in c.records), 60, "a record")
+        m.wait_for(lambda c: sum(r.at > converged for r in c.records) >= 50, 60, "50 records")
     wait_until_everything_acked_was_read(everyone, load.history)
     for m in members:
         assert m.terminate() == 0, m.report()
