@@ -284,7 +284,13 @@ def signal_all(pids: list[int], signum: signal.Signals) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "trigger"), [("kill", "join"), ("kill", "leave"), ("pause", "join")]
+    ("fault", "trigger", "assignor"),
+    [
+        ("kill", "join", "range"),
+        ("kill", "leave", "range"),
+        ("pause", "join", "range"),
+        ("kill", "join", "cooperative-sticky"),
+    ],
 )
 def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
     start_broker: Callable[..., Any],
@@ -292,12 +298,15 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
     request: pytest.FixtureRequest,
     fault: str,
     trigger: str,
+    assignor: str,
 ) -> None:
     """A member joins (or leaves) a group of librdkafka and kafka-clients members that consume
     under idempotent load; while the rebalance waits for the others, the coordinator is
     SIGKILLed (or SIGSTOPped past its lease, then woken). The group converges on a new
     coordinator that every broker names, keeps every committed offset, and reads every
-    acknowledged record (again, at most, after a rebalance: never two values at one offset)."""
+    acknowledged record (again, at most, after a rebalance: never two values at one offset).
+    With the eager protocol (range) members give up their partitions when the rebalance starts;
+    with the cooperative one they keep consuming and committing them during it (KIP-429)."""
     brokers = start_cluster(start_broker, 3, GROUPS_ENV)
     create_topic(brokers)
     wait_for_leaders(brokers, {0, 1, 2})
@@ -310,7 +319,7 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
     def member(client: str) -> GroupConsumer:
         return group_consumers.start(
             client, bootstrap(brokers), [scale_out.TOPIC], group,
-            assignor="range", timeout=150,
+            assignor=assignor, timeout=150,
             configs={**MEMBER_CONFIGS, REQUEST_TIMEOUT[client]: 10000},
         )  # fmt: skip
 
@@ -324,7 +333,8 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
 
     # The rebalance waits for a member that cannot answer (paused), so the moment is certain:
     # the coordinator is stopped in PreparingRebalance, with the joiner's JoinGroup parked (or
-    # the leaver gone) and the first member rejoining (it revoked and committed).
+    # the leaver gone) and the first member rejoining, after a commit the coordinator
+    # acknowledged during the rebalance (eager: in its revocation; cooperative: as it reads).
     first, slow = members[0], members[1]
     coordinator = by_id[old]
     family = [coordinator.pid, *coordinator.children()]
@@ -337,9 +347,16 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
         everyone.append(members[-1])
     else:
         assert members.pop().terminate() == 0  # commits, leaves the group
-    first.wait_for(
-        lambda c: any(e.at > started for e in c.of_kind("revoked")), 30, "a rejoin (revoked)"
-    )
+    deadline = time.monotonic() + 30
+    while (state := group_state(coordinator, group)) != "PreparingRebalance":
+        assert time.monotonic() < deadline, f"no rebalance: {state}"
+    rebalancing = time.monotonic()
+    if assignor == "range":  # eager: it gives its partitions up (and commits them) to rejoin
+        first.wait_for(lambda c: any(e.at > started for e in c.of_kind("revoked")), 30, "revoked")
+    else:  # cooperative: it rejoins keeping them, and commits what it reads meanwhile
+        first.wait_for(
+            lambda c: any(e.at > rebalancing for e in c.of_kind("committed")), 30, "a commit"
+        )
     state = group_state(coordinator, group)
     assert state == "PreparingRebalance", state
     faulted = time.monotonic()
