@@ -350,6 +350,7 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
     deadline = time.monotonic() + 30
     while (state := group_state(coordinator, group)) != "PreparingRebalance":
         assert time.monotonic() < deadline, f"no rebalance: {state}"
+        time.sleep(0.05)
     rebalancing = time.monotonic()
     if assignor == "range":  # eager: it gives its partitions up (and commits them) to rejoin
         first.wait_for(lambda c: any(e.at > started for e in c.of_kind("revoked")), 30, "revoked")
