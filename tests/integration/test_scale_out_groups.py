@@ -318,7 +318,8 @@ def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
     coordinator that every broker names, keeps every committed offset, and reads every
     acknowledged record (again, at most, after a rebalance: never two values at one offset).
     With the eager protocol (range) members give up their partitions when the rebalance starts;
-    with the cooperative one they keep consuming and committing them during it (KIP-429)."""
+    with the cooperative one (KIP-429) they keep reading them during it (their commits are
+    refused while they rejoin)."""
     brokers = start_cluster(start_broker, 3, GROUPS_ENV)
     create_topic(brokers)
     wait_for_leaders(brokers, {0, 1, 2})
