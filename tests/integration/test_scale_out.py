@@ -229,6 +229,7 @@ def test_leaders_spread_over_three_brokers_and_every_broker_agrees(
     assert sorted(Counter(leader for leader, _ in leaders.values()).values()) == [2, 2, 2]
 
 
+@pytest.mark.java
 def test_a_sigkilled_leader_under_idempotent_load_loses_and_duplicates_nothing(
     start_broker: Callable[..., Any], java_load: JavaLoads
 ) -> None:

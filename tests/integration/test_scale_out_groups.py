@@ -295,6 +295,7 @@ def signal_all(pids: list[int], signum: signal.Signals) -> None:
             os.kill(pid, signum)
 
 
+@pytest.mark.java
 @pytest.mark.parametrize(
     ("fault", "trigger", "assignor"),
     [
