@@ -4,7 +4,8 @@ Session scope, one set per pytest-xdist worker: `etcd_server`, `s3_server` (MinI
 `kafka_tools` (Kafka's admin tools), `kcat`. Function scope: `s3_bucket` (a fresh bucket),
 `start_broker` (alias `broker`), a factory that starts `kafscale serve` as real processes and
 checks at teardown that SIGTERM stopped all of them, and `group_consumers`, a factory of
-consumer-group members (any client) whose leftovers are killed at teardown.
+consumer-group members (any client) whose leftovers are killed at teardown, and `java_load`, a
+factory of Java producers as a load for the fault tests.
 Nothing is skipped when a tool is missing: the fixture fails and says to run
 scripts/install-deps.sh.
 """
@@ -21,6 +22,7 @@ from tests.harness.broker import BrokerFactory, unique_bucket_name
 from tests.harness.clients import JavaProbe, find_java, find_kcat
 from tests.harness.etcd import EtcdServer
 from tests.harness.groups import GroupConsumers
+from tests.harness.java_load import JavaLoads
 from tests.harness.kafka_tools import KafkaTools
 from tests.harness.minio import MinioServer
 from tests.harness.procs import HarnessError
@@ -119,6 +121,16 @@ def group_consumers(request: pytest.FixtureRequest) -> Iterator[GroupConsumers]:
     """`group_consumers.start(client, bootstrap, topics, group, **options) -> GroupConsumer`
     (see tests/harness/groups.py); members still running at teardown are killed."""
     factory = GroupConsumers(lambda: request.getfixturevalue("java_probe"))
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def java_load(request: pytest.FixtureRequest) -> Iterator[JavaLoads]:
+    """`java_load(bootstrap, topic, partitions, history, name) -> JavaLoad`, the Java probe's
+    idempotent acks=all producer running until `.stop()`, its acknowledgements going into
+    `history` (see tests/harness/java_load.py); loads still running at teardown are killed."""
+    factory = JavaLoads(lambda: request.getfixturevalue("java_probe"))
     yield factory
     factory.close()
 

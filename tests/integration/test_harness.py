@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import NoReturn
@@ -19,6 +20,8 @@ import pytest
 from tests.harness.broker import BrokerFactory
 from tests.harness.clients import JAVA_CLIENT_VERSIONS, JavaProbe
 from tests.harness.etcd import EtcdServer
+from tests.harness.history import History
+from tests.harness.java_load import JavaLoads
 from tests.harness.minio import MinioServer
 from tests.harness.procs import free_port, read_proc
 
@@ -109,6 +112,38 @@ def test_java_probe_reports_a_failure_on_stderr(java_probe: JavaProbe) -> None:
     assert result.stdout == ""
     error = json.loads(next(line for line in result.stderr.splitlines() if line.startswith("{")))
     assert error["error"] == "org.apache.kafka.common.errors.TimeoutException"
+
+
+@pytest.mark.java
+def test_the_java_load_records_each_acknowledgement_and_stops_when_told(
+    start_broker: BrokerFactory, java_load: JavaLoads
+) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = start_broker(ready=True)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("load", 3, 1)])["load"].result(timeout=30)
+    history = History()
+    load = java_load(broker.bootstrap, "load", 3, history, "java")
+    load.more(300)
+    load.stop()  # closes its stdin
+    assert load.done == {
+        "event": "done", "sent": load.acked, "acked": load.acked, "failed": 0, "reason": "stdin"
+    }  # fmt: skip
+    assert len(history.acked) == load.acked >= 300
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "load-reader"})
+    try:
+        consumer.assign([TopicPartition("load", p, OFFSET_BEGINNING) for p in range(3)])
+        deadline = time.monotonic() + 60
+        while (read := sum(len(r) for r in history.read.values())) < load.acked:
+            assert time.monotonic() < deadline, f"{read} of {load.acked} read"
+            for message in consumer.consume(500, timeout=1):
+                if message.error() is None:
+                    history.saw("load", message.partition(), message.offset(), message.value())
+    finally:
+        consumer.close()
+    history.check()  # at the offsets acknowledged, each value once, in order
 
 
 def test_kcat_is_installed(kcat: str) -> None:

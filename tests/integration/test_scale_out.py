@@ -2,9 +2,10 @@
 
 Three real `kafscale serve` process families on this machine, on the suite's real etcd and MinIO,
 driven by librdkafka (confluent-kafka): leaders spread and every broker says the same; a leader
-SIGKILLed under acks=all idempotent load loses nothing acknowledged and duplicates nothing; a
-SIGSTOPped owner woken after its lease can land nothing and rejoins; a SIGTERMed broker hands its
-partitions over. Every test ends with the shared history check (tests/harness/history.py).
+SIGKILLed under acks=all idempotent load (librdkafka's, and kafka-clients' from the Java probe's
+produce-load) loses nothing acknowledged and duplicates nothing; a SIGSTOPped owner woken after
+its lease can land nothing and rejoins; a SIGTERMed broker hands its partitions over. Every test
+ends with the shared history check (tests/harness/history.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kafscale.metadata import records
 from kafscale.metadata.etcd import EtcdMetadataStore
 from kafscale.metadata.records import Keys
 from tests.harness.history import History, value
+from tests.harness.java_load import JavaLoads
 
 pytestmark = pytest.mark.integration
 
@@ -239,20 +241,30 @@ def test_leaders_spread_over_three_brokers_and_every_broker_agrees(
     assert sorted(Counter(leader for leader, _ in leaders.values()).values()) == [2, 2, 2]
 
 
+@pytest.mark.java
 def test_a_sigkilled_leader_under_idempotent_load_loses_and_duplicates_nothing(
-    start_broker: Callable[..., Any],
+    start_broker: Callable[..., Any], java_load: JavaLoads
 ) -> None:
     brokers, before, load = loaded_cluster(start_broker, 3)
+    # A second idempotent acks=all load, from kafka-clients (Java), into the same history.
+    java = java_load(bootstrap(brokers), TOPIC, PARTITIONS, load.history, "java")
+    java.more(500)
     load.more(1000)
     killed_at = time.monotonic()
     brokers[1].kill()  # the whole process family, no goodbye
     survivors = [brokers[0], brokers[2]]
     after = wait_for_leaders(survivors, {0, 2})
+    settled = time.monotonic()
     moved = [p for p, (leader, _) in before.items() if leader == 1]
     assert all(after[p][1] > before[p][1] for p in moved)  # new owners at newer epochs
     load.more(2000)
-    failover = load.outage(killed_at, moved)
-    finish(load, survivors, f"failover {failover:.1f} s (lease TTL 6 s)")
+    java.more(1000)
+    for producer in (load, java):  # both carried on on the moved partitions
+        assert all(max(producer.acked_at[p]) > settled for p in moved), producer.name
+    java.stop()
+    failover = max(load.outage(killed_at, moved), java.outage(killed_at, moved))
+    note = f"java {java.acked} acked {dict(java.errors)}"
+    finish(load, survivors, f"failover {failover:.1f} s (lease TTL 6 s), {note}")
 
 
 def test_a_paused_owner_woken_after_its_lease_lands_nothing(

@@ -10,8 +10,9 @@ import java.util.concurrent.ExecutionException;
  * A real Kafka Java client driven from KafScale's Python tests.
  *
  * <p>Usage: {@code KafscaleProbe COMMAND [--option value ...]}. Every command prints one JSON
- * document on stdout and exits 0 (except {@code consume} and {@code group-consume}, which stream
- * JSON lines: see {@link RecordCommands#consume} and {@link GroupCommands}); on failure it prints
+ * document on stdout and exits 0 (except {@code consume}, {@code group-consume} and
+ * {@code produce-load}, which stream JSON lines: see {@link RecordCommands#consume},
+ * {@link GroupCommands} and {@link LoadCommands}); on failure it prints
  * one JSON line {@code {"error": CLASS, "message": ...}} and the stack trace on stderr and exits 1
  * (2 for a usage error). Kafka's own logging goes to stderr at WARN unless
  * {@code KAFSCALE_PROBE_LOG_LEVEL} says otherwise, so stdout stays machine-readable. JSON keys are
@@ -43,6 +44,7 @@ public final class KafscaleProbe {
         COMMANDS.put("produce-records", RecordCommands::produceRecords);
         COMMANDS.put("consume", RecordCommands::consume);
         COMMANDS.put("group-consume", GroupCommands::groupConsume);
+        COMMANDS.put("produce-load", LoadCommands::produceLoad);
     }
 
     private KafscaleProbe() {}
