@@ -17,6 +17,9 @@ Invariants:
 - An owned partition whose target is another running broker, or every owned partition while
   draining, is handed over gracefully: ``Seal``, then on ``Sealed`` ``DeleteLeader``. A seal that
   takes longer than the hand-over timeout is abandoned: ``Close`` and ``DeleteLeader`` at once.
+  Not to a broker still booting (``ViewChanged.booting``): a broker restarted with the same id
+  would otherwise get its partitions back as soon as it registers and keep them offline until
+  all of its processes serve; it gets them once it is ready.
 - Our own leader keys on our lease that we do not know of (a respawned coordinator) are taken
   back as owned, not claimed again; not those we just released, which a lagging view still
   shows.
@@ -43,6 +46,8 @@ class ViewChanged:
     brokers: Mapping[int, bool]  # registered node id -> draining
     topics: tuple[TopicPartitions, ...]
     leaders: Mapping[Partition, LeaderRecord]
+    # Registered brokers still booting: partitions another broker owns are not handed to them.
+    booting: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +262,10 @@ class OwnerState:
         owners = {p: leader.owner for p, leader in view.leaders.items()}
         return target(running, view.topics, owners)
 
+    @property
+    def _booting(self) -> frozenset[int]:
+        return self.view.booting if self.view is not None else frozenset()
+
     def _hand_over(self, goal: dict[Partition, int]) -> list[Instruction]:
         out: list[Instruction] = []
         for partition, leader in sorted(self.owned.items()):
@@ -264,6 +273,8 @@ class OwnerState:
                 break
             if not self.draining and goal.get(partition) == self.me:
                 continue
+            if not self.draining and goal.get(partition) in self._booting:
+                continue  # until its new owner serves: it would be offline for the whole boot
             del self.owned[partition]
             self.claimed_at.pop(partition, None)
             self.sealing[partition] = _Sealing(leader, self.now_ms + self.handover_timeout_ms)

@@ -172,6 +172,7 @@ class Owners:
                 TopicPartitions(t.name, t.topic_id, t.partitions) for t in snapshot.topics.values()
             ),
             leaders=snapshot.leaders,
+            booting=frozenset(node for node, b in snapshot.brokers.items() if not b.ready),
         )
 
     def _run(self, instructions: Iterable[Instruction]) -> None:

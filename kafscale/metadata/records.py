@@ -44,6 +44,9 @@ class BrokerRecord(msgspec.Struct, frozen=True):
     run_id: str = ""
     # Handing its partitions over before it stops (SIGTERM): no partition is assigned to it.
     draining: bool = False
+    # Every process of the broker serves. Until then no other broker hands a partition over to
+    # it (it may claim partitions nobody owns: a cluster that starts, a lone broker's restart).
+    ready: bool = True
 
 
 WRITE_PATH_WAL = 2  # TopicRecord.write_path of a topic created with write-ahead objects

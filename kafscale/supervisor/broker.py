@@ -129,6 +129,7 @@ def _join(config: Config, store: MetadataStore, run_id: str) -> Membership:
         host=config.advertised_listener_host,
         port=config.broker_port,
         run_id=run_id,
+        ready=False,  # until every child serves (set_ready)
     )
     member = Membership(
         store, config.s3_namespace, broker, config.store_lock_ttl_s, auto_id=config.broker_id < 0
@@ -235,6 +236,7 @@ def _supervise(
     http.start()
     try:
         arbiter.boot()
+        member.set_ready()
         checker.start()
         log.info(
             "broker running",

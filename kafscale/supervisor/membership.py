@@ -19,8 +19,11 @@ Invariants:
   it went with it and other brokers may own our partitions at higher epochs by now, so
   ``on_lost`` is called once; the supervisor stops this broker's children without a drain and
   joins again with a new ``Membership`` (``kafscale.supervisor.broker``).
-- ``set_draining`` rewrites our registration (same lease, compare-and-set on our own value) so
-  other brokers stop assigning partitions to us while we hand ours over.
+- The registration says ``ready=False`` until every child of the broker serves; ``set_ready``
+  then rewrites it (the keeper retries while the store refuses), and only then do other brokers
+  hand partitions over to us (``coordinator.owner_state``). ``set_draining`` rewrites it so other
+  brokers stop assigning partitions to us while we hand ours over. Both are compare-and-set on
+  our own value, on the same lease, one at a time.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ class Membership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._waiting_logged = False
+        self._ready_wanted = False
+        self._writing = threading.Lock()  # set_ready (keeper thread) and set_draining (main)
 
     @property
     def node_id(self) -> int:
@@ -163,6 +168,8 @@ class Membership:
             try:
                 self.lease.refresh()
                 interval = max(self.ttl_s / 3, 0.5)
+                if self._ready_wanted and not self.broker.ready:
+                    self.set_ready()
             except LeaseExpired:
                 self.lost = (
                     f"the broker lease {self.lease.id:x} expired (not refreshed within "
@@ -175,23 +182,38 @@ class Membership:
                 log.warning("cannot refresh the broker lease; retrying", extra={"error": str(exc)})
                 interval = RETRY_INTERVAL_S
 
+    def set_ready(self) -> bool:
+        """Tell the cluster every process of ours serves; False if the store refused (the keeper
+        tries again at its next refresh)."""
+        self._ready_wanted = True
+        return self._update("ready", ready=True)
+
     def set_draining(self) -> bool:
         """Tell the cluster we are handing our partitions over; False if the store refused."""
-        if self.lease is None or self.broker.draining:
-            return self.lease is not None
-        key = self.keys.broker(self.broker.node_id)
-        draining = msgspec.structs.replace(self.broker, draining=True)
-        try:
-            done = self.store.transaction(
-                [Compare(key, value=records.encode(self.broker))],
-                [Put(key, records.encode(draining), self.lease.id)],
-            ).succeeded
-        except MetadataStoreError as exc:
-            log.error("cannot mark this broker draining", extra={"error": str(exc)})
-            return False
-        if done:
-            self.broker = draining
-        return done
+        return self._update("draining", draining=True)
+
+    def _update(self, what: str, **changes: bool) -> bool:
+        with self._writing:
+            lease = self.lease
+            if lease is None:
+                return False
+            if all(getattr(self.broker, name) == value for name, value in changes.items()):
+                return True
+            key = self.keys.broker(self.broker.node_id)
+            updated = msgspec.structs.replace(self.broker, **changes)
+            try:
+                done = self.store.transaction(
+                    [Compare(key, value=records.encode(self.broker))],
+                    [Put(key, records.encode(updated), lease.id)],
+                ).succeeded
+            except MetadataStoreError as exc:
+                log.error("cannot mark this broker %s", what, extra={"error": str(exc)})
+                return False
+            if done:
+                self.broker = updated
+            else:
+                log.error("cannot mark this broker %s: its registration changed", what)
+            return done
 
     def leave(self) -> None:
         """Stop refreshing and revoke the lease: the registration and every key on it go."""

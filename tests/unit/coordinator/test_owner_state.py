@@ -136,6 +136,34 @@ def test_a_joining_broker_gets_its_share_by_graceful_hand_over():
     assert moving not in s.deleting and moving not in s.owned
 
 
+def test_a_booting_broker_gets_its_share_only_once_it_is_ready():
+    # Broker 2 registered again after a crash: until every process of it serves, the partitions
+    # we took over stay with us (handing them over would keep them offline for its whole boot).
+    s = state()
+    own_all(s)
+    mine = {p: leader(1) for p in ALL}
+    booting = ViewChanged(3, {1: False, 2: False}, (TOPIC,), mine, booting=frozenset({2}))
+    assert not [i for i in s.handle(booting) if isinstance(i, Seal)]
+    ready = ViewChanged(4, {1: False, 2: False}, (TOPIC,), mine)
+    assert len([i for i in s.handle(ready) if isinstance(i, Seal)]) == 3
+
+
+def test_a_booting_broker_claims_what_nobody_owns():
+    # A cluster that starts (or a lone broker's restart): its boot recovery needs its partitions.
+    s = state()
+    out = s.handle(ViewChanged(1, {1: False}, (TOPIC,), {}, booting=frozenset({1})))
+    assert out == [Claim(ALL)]
+
+
+def test_draining_hands_over_to_a_booting_broker_too():
+    s = state()
+    own_all(s)
+    mine = {p: leader(1) for p in ALL}
+    booting = ViewChanged(3, {1: False, 2: False}, (TOPIC,), mine, booting=frozenset({2}))
+    assert not [i for i in s.handle(booting) if isinstance(i, Seal)]
+    assert len([i for i in s.handle(DrainStarted(0)) if isinstance(i, Seal)]) == 6
+
+
 def test_a_failed_release_is_retried_on_a_tick():
     s = state()
     own_all(s)

@@ -109,3 +109,35 @@ def test_draining_is_announced_on_the_same_lease(store):
     assert records.decode_broker(kv.value).draining
     mine.leave()
     assert registered(store) is None
+
+
+def test_a_broker_registers_booting_and_says_when_it_is_ready(store):
+    booting = BrokerRecord(node_id=0, host="10.0.0.1", port=9092, run_id="run-a", ready=False)
+    mine = Membership(store, "ns", booting, 10)
+    mine.join()
+    found = registered(store)
+    assert found is not None and not found.ready
+    assert mine.set_ready()
+    found = registered(store)
+    assert found is not None and found.ready and not found.draining
+    assert mine.set_draining()  # keeps ready
+    found = registered(store)
+    assert found is not None and found.ready and found.draining
+    mine.leave()
+
+
+def test_the_keeper_retries_ready_when_the_store_refused_it(store):
+    booting = BrokerRecord(node_id=0, host="10.0.0.1", port=9092, run_id="run-a", ready=False)
+    mine = Membership(store, "ns", booting, 1)
+    mine.join()
+    # Someone rewrote our registration meanwhile (as a store hiccup would make the write fail).
+    assert mine.lease is not None
+    store.put(KEYS.broker(0), records.encode(booting) + b" ", mine.lease.id)
+    assert not mine.set_ready()
+    store.put(KEYS.broker(0), records.encode(booting), mine.lease.id)
+    mine.keep(lambda reason: None)
+    deadline = time.monotonic() + 5
+    while not (registered(store) or booting).ready:
+        assert time.monotonic() < deadline, "the keeper did not mark the broker ready"
+        time.sleep(0.05)
+    mine.leave()
