@@ -15,8 +15,8 @@ from kio.index import load_request_schema, load_response_schema
 
 from kafscale.protocol import codec
 from kafscale.protocol.errors import ErrorCode
+from tests.harness.cluster import bootstrap, start_cluster
 
-from .test_scale_out import bootstrap, start_cluster
 from .wire import Wire
 
 pytestmark = pytest.mark.integration
