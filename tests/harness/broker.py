@@ -288,9 +288,9 @@ class BrokerFactory:
     Every broker gets a fresh KAFSCALE_DATA_DIR and free ports. With backends="real" it also
     gets the session's etcd (unless `env` names KAFSCALE_ETCD_ENDPOINTS, e.g. an EtcdCluster's)
     and MinIO; all brokers of one test share one fresh bucket and one S3 namespace (also the
-    metadata key prefix), so a broker started after another sees its data. `env` overrides anything (pass `old.env` to restart a broker on the same ports and
-    data directory). The broker is returned as soon as it is spawned; call `.wait_ready()`, or
-    pass `ready=True`.
+    metadata key prefix), so a broker started after another sees its data. `env` overrides
+    anything (pass `old.env` to restart a broker on the same ports and data directory). The
+    broker is returned as soon as it is spawned; call `.wait_ready()`, or pass `ready=True`.
     """
 
     def __init__(
