@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long fault run of docs/design/scale-out.md in one command:
-#   scripts/chaos.sh [--faults 100] [--seed N] [--interval 0.005] [--keep]
+#   scripts/chaos.sh [--faults 100] [--seed N] [--interval 0.01] [--max-minutes M] [--keep]
 # 3 brokers on a 3-member etcd cluster and MinIO under idempotent acks=all load; faults drawn
 # from the seed, one at a time (SIGKILL, SIGSTOP past the lease, SIGTERM of a broker; SIGKILL of
 # an etcd member; MinIO stopped), each waited out until the load is acknowledged again on every

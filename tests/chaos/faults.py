@@ -125,12 +125,14 @@ def render(result: RunResult) -> str:
     """The dated result file's Markdown."""
     verdict = "PASS" if result.passed else "FAIL"
     planned = result.settings.get("faults planned", "?")
+    cut = result.settings.get("time limit")
     lines = [
         f"# Chaos run {result.started} UTC: {verdict}",
         "",
         f"`{result.command}` (scripts/chaos.sh, tests/chaos/run.py) at commit `{result.commit}`:",
         f"{len(result.outcomes)} faults of {planned} planned in {result.duration_s / 60:.1f} "
-        f"minutes, seed {result.seed}.",
+        f"minutes, seed {result.seed}."
+        + (f" The run had {cut}: it injects no fault after that." if cut else ""),
         "",
         "## Setup",
         "",

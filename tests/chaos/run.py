@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interval", type=float, default=0.01, help="seconds between records sent (~100/s)"
     )
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="inject no fault after this long"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the result goes")
     parser.add_argument("--keep", action="store_true", help="keep the work dir even on a pass")
     args = parser.parse_args(argv)
@@ -405,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{os.cpu_count()} cores, shared with other test runs",
         },
     )
+    if args.max_minutes:
+        result.settings["time limit"] = f"a time limit of {args.max_minutes:g} minutes"
     work_dir = Path(tempfile.mkdtemp(prefix="kafscale-chaos-"))
     result.work_dir = str(work_dir)
     # librdkafka logs every refused connection to stderr (a broker down is the point here):
@@ -418,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         chaos.start()
         in_a_row = 0
         for fault in faults:
+            if args.max_minutes and time.monotonic() - chaos.started > args.max_minutes * 60:
+                log(f"{args.max_minutes} minutes are up: no more faults")
+                break
             outcome = chaos.run_fault(fault)
             result.outcomes.append(outcome)
             in_a_row = in_a_row + 1 if outcome.failures else 0
