@@ -134,12 +134,12 @@ def test_minio_stopped_under_load_refuses_retriably_and_recovers(
     while not load.acked_since(sent_after):
         assert time.monotonic() < deadline, f"no acks on every partition: {load.last_acked_seq}"
         time.sleep(0.2)
-    # Acks still in flight when MinIO stopped arrive within a moment; none may come after.
+    # Acks of uploads that ended before MinIO did arrive within a moment; none may come after.
     late = [
         round(t - stopped_at, 1)
         for times in load.acked_at.values()
         for t in times
-        if stopped_at + 2.0 < t < started_at
+        if stopped_at + 5.0 < t < started_at
     ]
     assert not late, f"acknowledged while S3 was down, at {late[:10]} s"
     load.more(500)
