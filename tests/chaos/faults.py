@@ -71,6 +71,8 @@ class Outcome:
     after_repair_s: float | None = None
     # The cluster settled again: every broker ready, leaders spread over all three.
     settled_s: float | None = None
+    # From the repair until the group read a record sent after it on every partition.
+    group_s: float | None = None
     failures: list[str] = field(default_factory=list)
 
 
@@ -98,6 +100,8 @@ class RunResult:
     sent: int = 0
     acked: int = 0
     read: int = 0
+    group_read: int = 0
+    group_errors: dict[str, int] = field(default_factory=dict)
     delivery_errors: dict[str, int] = field(default_factory=dict)
     client_errors: dict[str, int] = field(default_factory=dict)
     check: str = ""  # the history checker's summary or its failure message
@@ -154,10 +158,11 @@ def render(result: RunResult) -> str:
         "partition acknowledged a record sent after it. *After repair*: from the repair (restart, "
         "SIGCONT, start) until every partition acknowledged a record sent after that. *Settled*: "
         "from the injection until all three brokers were ready again and led two partitions "
-        "each, every broker agreeing.",
+        "each, every broker agreeing. *Group*: from the repair until the consumer group read a "
+        "record sent after it on every partition.",
         "",
-        "| kind | what | faults | recovered | after repair | settled | failed |",
-        "|---|---|---|---|---|---|---|",
+        "| kind | what | faults | recovered | after repair | settled | group | failed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for kind, what in KINDS.items():
         mine = [o for o in result.outcomes if o.fault.kind == kind]
@@ -166,6 +171,7 @@ def render(result: RunResult) -> str:
             f"| {_spread([o.recovered_s for o in mine if o.recovered_s is not None])} "
             f"| {_spread([o.after_repair_s for o in mine if o.after_repair_s is not None])} "
             f"| {_spread([o.settled_s for o in mine if o.settled_s is not None])} "
+            f"| {_spread([o.group_s for o in mine if o.group_s is not None])} "
             f"| {sum(1 for o in mine if o.failures)} |"
         )
     lines += [
@@ -173,6 +179,9 @@ def render(result: RunResult) -> str:
         "## Records",
         "",
         f"- sent {result.sent:,}, acknowledged {result.acked:,}, read back {result.read:,}",
+        f"- read by the consumer group along the way: {result.group_read:,} (re-reads after a "
+        f"rebalance included; the history check holds them against the final read); its "
+        f"errors: {result.group_errors or 'none'}",
         f"- delivery errors (records the producer gave up on): {result.delivery_errors or 'none'}",
         f"- librdkafka error callbacks (transient, e.g. a broker down): "
         f"{result.client_errors or 'none'}",
@@ -204,8 +213,9 @@ def render(result: RunResult) -> str:
         "",
         "## Every fault",
         "",
-        "| # | at (s) | kind | target | hold (s) | recovered | after repair | settled | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| # | at (s) | kind | target | hold (s) | recovered | after repair | settled | group "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in result.outcomes:
         f = o.fault
@@ -213,7 +223,7 @@ def render(result: RunResult) -> str:
         lines.append(
             f"| {f.index} | {o.started_s:.0f} | {f.kind} | {f.target} | {f.hold_s} "
             f"| {_opt(o.recovered_s)} | {_opt(o.after_repair_s)} | {_opt(o.settled_s)} "
-            f"| {note.replace('|', '/')} |"
+            f"| {_opt(o.group_s)} | {note.replace('|', '/')} |"
         )
     lines += ["", f"Logs (brokers, etcd, MinIO) were in `{result.work_dir}` on the machine.", ""]
     return "\n".join(lines)

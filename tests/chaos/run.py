@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.chaos.faults import Exit, Fault, Outcome, RunResult, render, schedule
@@ -39,6 +40,7 @@ from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.cluster import (
     FAST,
     PARTITIONS,
+    GroupReader,
     LoadProducer,
     create_topic,
     leaders_seen_by,
@@ -54,6 +56,7 @@ RESULTS = Path(__file__).parent / "results"
 LEASE_TTL_S = int(FAST["KAFSCALE_STORE_LOCK_TTL_MS"]) / 1000
 RECOVERY_TIMEOUT_S = 120.0  # after the repair: the load acknowledged on every partition again
 SETTLE_TIMEOUT_S = 180.0  # every broker ready and leading its share again
+GROUP_TIMEOUT_S = 120.0  # after settling: the group read records sent after the repair
 TERM_TIMEOUT_S = 90.0  # SIGTERM's hand-over waits up to 40 s for the partitions
 BOOT_ATTEMPTS = 3
 MAX_FAILURES_IN_A_ROW = 3
@@ -65,11 +68,13 @@ def log(message: str) -> None:
 
 
 class ProgressWatch:
-    """Marks moments in the load and records when every partition has acknowledged a record
-    sent after each (from a thread, so a blocking call of the runner does not delay it)."""
+    """Marks moments in the load and records when every partition has ``reached`` a record sent
+    after each -- acknowledged, or read by the group -- (from a thread, so a blocking call of the
+    runner does not delay it)."""
 
-    def __init__(self, load: LoadProducer) -> None:
+    def __init__(self, load: LoadProducer, reached: Callable[[int], bool]) -> None:
         self.load = load
+        self.reached = reached
         self._pending: dict[int, tuple[int, float]] = {}  # mark id -> (seq, at)
         self._done: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -104,7 +109,7 @@ class ProgressWatch:
             now = time.monotonic()
             with self._lock:
                 for mark, (seq, at) in list(self._pending.items()):
-                    if self.load.acked_since(seq):
+                    if self.reached(seq):
                         self._done[mark] = now - at
                         del self._pending[mark]
 
@@ -125,6 +130,8 @@ class Chaos:
         self.history = History()
         self.load: LoadProducer | None = None
         self.watch: ProgressWatch | None = None
+        self.group: GroupReader | None = None
+        self.group_watch: ProgressWatch | None = None
         self.started = time.monotonic()
         self.exits: list[Exit] = []
         self.current: Fault | None = None
@@ -141,15 +148,21 @@ class Chaos:
             raise HarnessError(f"the cluster never settled: {problem}")
         self.load = LoadProducer(self.brokers, self.history, "chaos", self.args.interval)
         self.load.start()
-        self.watch = ProgressWatch(self.load)
-        first = self.watch.mark()
+        self.watch = ProgressWatch(self.load, self.load.acked_since)
+        self.group = GroupReader(self.brokers, self.history, "chaos-group")
+        self.group.start()
+        self.group_watch = ProgressWatch(self.load, self.group.read_since)
+        first, read = self.watch.mark(), self.group_watch.mark()
         if self.watch.wait(first, 60) is None:
             raise HarnessError("the load was never acknowledged on every partition")
-        log("3 brokers, 3 etcd members, MinIO: load flowing")
+        if self.group_watch.wait(read, 60) is None:
+            raise HarnessError("the group never read from every partition")
+        log("3 brokers, 3 etcd members, MinIO: load flowing, the group reading")
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
+        for watch in (self.watch, self.group_watch):
+            if watch is not None:
+                watch.stop()
         for broker in self.brokers:
             if broker.running:  # a fault interrupted while it was paused
                 os.killpg(broker.pid, signal.SIGCONT)
@@ -267,6 +280,7 @@ class Chaos:
 
     def run_fault(self, fault: Fault) -> Outcome:
         assert self.watch is not None and self.load is not None
+        assert self.group_watch is not None
         outcome = Outcome(fault, started_s=time.monotonic() - self.started)
         self.current = fault
         log(f"fault {fault.index}: {fault.kind} target {fault.target} hold {fault.hold_s} s")
@@ -276,7 +290,7 @@ class Chaos:
             self.inject(fault, outcome)
         except (HarnessError, OSError) as exc:
             outcome.failures.append(f"injecting: {str(exc).splitlines()[0]}")
-        at_repair = self.watch.mark()
+        at_repair, read_at_repair = self.watch.mark(), self.group_watch.mark()
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
         while (after_repair := self.watch.elapsed(at_repair)) is None:
             if time.monotonic() > deadline:
@@ -299,11 +313,19 @@ class Chaos:
             outcome.settled_s = time.monotonic() - injected_at
         else:
             outcome.failures.append(f"not settled within {SETTLE_TIMEOUT_S:.0f} s: {problem}")
+        outcome.group_s = self.group_watch.wait(read_at_repair, GROUP_TIMEOUT_S)
+        if outcome.group_s is None:
+            outcome.failures.append(
+                f"the group read no record sent after the repair on every partition within "
+                f"{GROUP_TIMEOUT_S:.0f} s of settling (last read seq per partition "
+                f"{self.group.last_read_seq if self.group else '?'})"
+            )
         if self.load.fatal is not None:
             outcome.failures.append(f"the producer hit a fatal error: {self.load.fatal}")
         log(
             f"  recovered {_s(outcome.recovered_s)}, after repair {_s(outcome.after_repair_s)}, "
-            f"settled {_s(outcome.settled_s)}; {outcome.note} {outcome.failures or ''}"
+            f"settled {_s(outcome.settled_s)}, group {_s(outcome.group_s)}; {outcome.note} "
+            f"{outcome.failures or ''}"
         )
         return outcome
 
@@ -320,6 +342,9 @@ class Chaos:
         result.client_errors = dict(self.load.client_errors)
         if self.load.errors:
             result.failures.append(f"records the producer gave up on: {dict(self.load.errors)}")
+        if self.group is not None:
+            self.group.stop()
+            result.group_read, result.group_errors = self.group.read, dict(self.group.errors)
         self.tend()
         log(f"reading back {result.acked} acknowledged records")
         result.read = read_everything(
@@ -402,9 +427,11 @@ def main(argv: list[str] | None = None) -> int:
             "S3": "one MinIO",
             "topic": f"{PARTITIONS} partitions",
             "load": f"one idempotent acks=all confluent-kafka producer, a record every "
-            f"{args.interval * 1000:.0f} ms round-robin over the partitions",
+            f"{args.interval * 1000:.0f} ms round-robin over the partitions; one "
+            "confluent-kafka consumer-group member reading along (auto commit)",
             "bounds": f"recovery {RECOVERY_TIMEOUT_S:.0f} s after the repair, settling "
-            f"{SETTLE_TIMEOUT_S:.0f} s",
+            f"{SETTLE_TIMEOUT_S:.0f} s, the group reading again {GROUP_TIMEOUT_S:.0f} s after "
+            "that",
             "machine": f"{os.cpu_count()} cores, shared with other test runs",
         },
     )

@@ -6,6 +6,7 @@
   broker's Metadata says the same;
 - `LoadProducer` is an idempotent acks=all librdkafka producer sending to every partition from a
   thread, recording each acknowledgement in a `History` (tests/harness/history.py);
+- `GroupReader` is a consumer-group member reading along into the same history;
 - `read_everything` reads the topic back into the history; `finish` stops the load, reads and
   checks.
 
@@ -192,6 +193,61 @@ class LoadProducer:
             gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
             longest = max(longest, *gaps, 0.0)
         return longest
+
+
+class GroupReader:
+    """A consumer-group member reading the topic from a thread until stopped, recording every
+    record in ``history`` (so what it reads must agree with what the final read finds) and, per
+    partition, the highest producer sequence read: `read_since(seq)` says whether every
+    partition delivered a record sent as ``seq`` or later (the group is consuming again)."""
+
+    def __init__(self, brokers: list[Any], history: History, group: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap(brokers),
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 1000,
+                "session.timeout.ms": 10_000,
+                "error_cb": self._client_error,
+            }
+        )
+        self.history = history
+        self.read = 0
+        self.last_read_seq: dict[int, int] = {p: -1 for p in range(PARTITIONS)}
+        self.errors: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.consumer.subscribe([TOPIC])
+        self._thread.start()
+
+    def read_since(self, seq: int) -> bool:
+        return all(last >= seq for last in self.last_read_seq.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self.consumer.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self.consumer.consume(500, 0.5):
+                if message.error() is not None:
+                    self.errors[message.error().name()] += 1
+                    continue
+                partition, data = message.partition(), message.value()
+                self.history.saw(TOPIC, partition, message.offset(), data)
+                self.read += 1
+                seq = int(data.rpartition(b":")[2])
+                self.last_read_seq[partition] = max(self.last_read_seq[partition], seq)
+
+    def _client_error(self, err: Any) -> None:
+        self.errors[err.name()] += 1
 
 
 def read_everything(
