@@ -73,6 +73,9 @@ class Outcome:
     settled_s: float | None = None
     # From the repair until the group read a record sent after it on every partition.
     group_s: float | None = None
+    # The longest time one partition went without an acknowledgement, from the injection until
+    # the cluster settled (a broker joining again after the repair can cost more than the fault).
+    longest_gap_s: float | None = None
     failures: list[str] = field(default_factory=list)
 
 
@@ -159,10 +162,12 @@ def render(result: RunResult) -> str:
         "SIGCONT, start) until every partition acknowledged a record sent after that. *Settled*: "
         "from the injection until all three brokers were ready again and led two partitions "
         "each, every broker agreeing. *Group*: from the repair until the consumer group read a "
-        "record sent after it on every partition.",
+        "record sent after it on every partition. *Longest gap*: the longest time one partition "
+        "went without an acknowledgement between the injection and settling.",
         "",
-        "| kind | what | faults | recovered | after repair | settled | group | failed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kind | what | faults | recovered | after repair | settled | group | longest gap "
+        "| failed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, what in KINDS.items():
         mine = [o for o in result.outcomes if o.fault.kind == kind]
@@ -172,6 +177,7 @@ def render(result: RunResult) -> str:
             f"| {_spread([o.after_repair_s for o in mine if o.after_repair_s is not None])} "
             f"| {_spread([o.settled_s for o in mine if o.settled_s is not None])} "
             f"| {_spread([o.group_s for o in mine if o.group_s is not None])} "
+            f"| {_spread([o.longest_gap_s for o in mine if o.longest_gap_s is not None])} "
             f"| {sum(1 for o in mine if o.failures)} |"
         )
     lines += [
@@ -214,8 +220,8 @@ def render(result: RunResult) -> str:
         "## Every fault",
         "",
         "| # | at (s) | kind | target | hold (s) | recovered | after repair | settled | group "
-        "| note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| longest gap | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in result.outcomes:
         f = o.fault
@@ -223,7 +229,7 @@ def render(result: RunResult) -> str:
         lines.append(
             f"| {f.index} | {o.started_s:.0f} | {f.kind} | {f.target} | {f.hold_s} "
             f"| {_opt(o.recovered_s)} | {_opt(o.after_repair_s)} | {_opt(o.settled_s)} "
-            f"| {_opt(o.group_s)} | {note.replace('|', '/')} |"
+            f"| {_opt(o.group_s)} | {_opt(o.longest_gap_s)} | {note.replace('|', '/')} |"
         )
     lines += ["", f"Logs (brokers, etcd, MinIO) were in `{result.work_dir}` on the machine.", ""]
     return "\n".join(lines)

@@ -58,6 +58,9 @@ RECOVERY_TIMEOUT_S = 120.0  # after the repair: the load acknowledged on every p
 SETTLE_TIMEOUT_S = 180.0  # every broker ready and leading its share again
 GROUP_TIMEOUT_S = 120.0  # after settling: the group read records sent after the repair
 TERM_TIMEOUT_S = 90.0  # SIGTERM's hand-over waits up to 40 s for the partitions
+# A broker's boot on a busy 2-core machine (the whole family, recovery of its write-ahead
+# objects) can pass the harness's 75 s; a slow boot is measured, not a failed one.
+BOOT_TIMEOUT_S = 180.0
 BOOT_ATTEMPTS = 3
 MAX_FAILURES_IN_A_ROW = 3
 
@@ -179,7 +182,7 @@ class Chaos:
             broker = self.factory(env=dict(old.env))
             self.brokers[index] = broker
             try:
-                broker.wait_ready()
+                broker.wait_ready(BOOT_TIMEOUT_S)
                 return
             except HarnessError as exc:
                 log(f"broker {index} did not boot (attempt {attempt}): {str(exc).splitlines()[0]}")
@@ -309,6 +312,7 @@ class Chaos:
             problem = self.settle(time.monotonic() + SETTLE_TIMEOUT_S)
         except HarnessError as exc:
             problem = f"a broker did not start again: {str(exc).splitlines()[0]}"
+        outcome.longest_gap_s = self.load.outage(injected_at, list(range(PARTITIONS)))
         if problem is None:
             outcome.settled_s = time.monotonic() - injected_at
         else:
@@ -324,7 +328,8 @@ class Chaos:
             outcome.failures.append(f"the producer hit a fatal error: {self.load.fatal}")
         log(
             f"  recovered {_s(outcome.recovered_s)}, after repair {_s(outcome.after_repair_s)}, "
-            f"settled {_s(outcome.settled_s)}, group {_s(outcome.group_s)}; {outcome.note} "
+            f"settled {_s(outcome.settled_s)}, group {_s(outcome.group_s)}, longest gap "
+            f"{_s(outcome.longest_gap_s)}; {outcome.note} "
             f"{outcome.failures or ''}"
         )
         return outcome
@@ -429,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             "load": f"one idempotent acks=all confluent-kafka producer, a record every "
             f"{args.interval * 1000:.0f} ms round-robin over the partitions; one "
             "confluent-kafka consumer-group member reading along (auto commit)",
-            "bounds": f"recovery {RECOVERY_TIMEOUT_S:.0f} s after the repair, settling "
+            "bounds": f"recovery {RECOVERY_TIMEOUT_S:.0f} s after the repair, a broker's boot "
+            f"{BOOT_TIMEOUT_S:.0f} s (3 attempts), settling "
             f"{SETTLE_TIMEOUT_S:.0f} s, the group reading again {GROUP_TIMEOUT_S:.0f} s after "
             "that",
             "machine": f"{os.cpu_count()} cores, shared with other test runs",
