@@ -11,6 +11,8 @@ duplicated, the load carries on, and ownership does not move.
   durability contract: an acks=all reply follows the upload), librdkafka reports no record as
   failed (every error the brokers returned was retriable), no broker stops, and the load is
   acknowledged again on every partition once it is back.
+- A broker SIGKILLed and started again at once with the same id, as an orchestrator does: its
+  partitions must not wait for its whole boot (expected to fail today: see the test).
 
 The etcd cluster is this module's own. MinIO is the suite's session `s3_server`: tests on one
 pytest-xdist worker run one after another and every worker has its own MinIO, so a test may stop
@@ -20,6 +22,9 @@ test_outages.py do; `ensure_running` in the fixtures restarts it if a test could
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,12 +34,13 @@ import pytest
 from tests.harness.cluster import LoadProducer, finish, loaded_cluster, wait_for_leaders
 from tests.harness.etcd import EtcdCluster, EtcdServer
 from tests.harness.minio import MinioServer
-from tests.harness.procs import HarnessError
+from tests.harness.procs import HarnessError, wait_until
 
 pytestmark = pytest.mark.integration
 
 MEMBER_DOWN_S = 10.0  # longer than the 6 s broker lease: a lease that is not kept would expire
 S3_DOWN_S = 15.0
+SLOW_BOOT_S = 25.0  # the restarted broker's flusher is paused this long
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +152,47 @@ def test_minio_stopped_under_load_refuses_retriably_and_recovers(
     assert wait_for_leaders(brokers, {0, 1, 2}) == before  # nothing moved
     assert not load.errors, dict(load.errors)  # librdkafka retried every refusal
     finish(load, brokers, f"S3 down {S3_DOWN_S:.0f} s")
+
+
+def spawned(broker: Any, child: str) -> int | None:
+    """The pid of ``child`` (e.g. "flusher-0") once the supervisor's log says it spawned it."""
+    for line in broker.log_text().splitlines():
+        if '"spawned"' in line and f'"{child}"' in line:
+            return int(json.loads(line)["child_pid"])
+    return None
+
+
+@pytest.mark.xfail(
+    reason="found by scripts/chaos.sh (tests/chaos/results/): a broker started again with the "
+    "same id registers (running) as soon as its old lease ends, before any of its processes can "
+    "serve; the assignment gives its partitions back to it at once (the survivors hand over the "
+    "ones they had just claimed), its coordinator claims them when it starts, and its shard and "
+    "frontend come up only after the flusher's boot recovery: the partitions are offline for "
+    "the whole boot (up to 80 s in the chaos run), not for the TTL",
+    strict=True,
+)
+def test_a_crashed_broker_started_again_at_once_does_not_hold_its_partitions_while_it_boots(
+    start_broker: Callable[..., Any], on_cluster: dict[str, str]
+) -> None:
+    brokers, before, load = loaded_cluster(start_broker, 3, on_cluster)
+    victim = brokers[1]
+    victim.kill()
+    killed_at = time.monotonic()
+    # As an orchestrator does after a crash: the same id, at once. Its boot is made slow (as on
+    # a loaded machine, or with many write-ahead objects to recover) by pausing its flusher.
+    brokers[1] = start_broker(env=victim.env)
+    flusher = wait_until(
+        lambda: spawned(brokers[1], "flusher-0"), timeout=90, what="the new flusher to spawn"
+    )
+    os.kill(flusher, signal.SIGSTOP)
+    try:
+        time.sleep(SLOW_BOOT_S)
+    finally:
+        os.kill(flusher, signal.SIGCONT)
+    brokers[1].wait_ready()
+    load.more(500)
+    moved = [p for p, (leader, _) in before.items() if leader == 1]
+    offline = load.outage(killed_at, moved)
+    finish(load, brokers, f"partitions {moved} went {offline:.1f} s without an ack")
+    # Failover takes the 6 s lease and a claim; a slow boot of the new broker must not add to it.
+    assert offline < SLOW_BOOT_S, f"partitions {moved} went {offline:.1f} s without an ack"
