@@ -286,11 +286,11 @@ class BrokerFactory:
     """`start_broker(env=None, backends="embedded") -> BrokerProcess`, the `start_broker` fixture.
 
     Every broker gets a fresh KAFSCALE_DATA_DIR and free ports. With backends="real" it also
-    gets the session's etcd and MinIO; all brokers of one test share one fresh bucket and one
-    S3 namespace (also the metadata key prefix), so a broker started after another sees its
-    data. `env` overrides anything (pass `old.env` to restart a broker on the same ports and
-    data directory). The broker is returned as soon as it is spawned; call `.wait_ready()`, or
-    pass `ready=True`.
+    gets the session's etcd (unless `env` names KAFSCALE_ETCD_ENDPOINTS, e.g. an EtcdCluster's)
+    and MinIO; all brokers of one test share one fresh bucket and one S3 namespace (also the
+    metadata key prefix), so a broker started after another sees its data. `env` overrides
+    anything (pass `old.env` to restart a broker on the same ports and data directory). The
+    broker is returned as soon as it is spawned; call `.wait_ready()`, or pass `ready=True`.
     """
 
     def __init__(
@@ -360,13 +360,18 @@ class BrokerFactory:
         return problems
 
     def _real_backends(self, overrides: dict[str, str]) -> dict[str, str]:
-        etcd, s3 = self._etcd(), self._s3()
-        etcd.ensure_running()
+        s3 = self._s3()
         s3.ensure_running()
+        if "KAFSCALE_ETCD_ENDPOINTS" in overrides:  # e.g. an EtcdCluster's: the session etcd
+            endpoints = overrides["KAFSCALE_ETCD_ENDPOINTS"]  # is not needed (nor started)
+        else:
+            etcd = self._etcd()
+            etcd.ensure_running()
+            endpoints = etcd.endpoint
         if self._bucket is None and "KAFSCALE_S3_BUCKET" not in overrides:
             self._bucket = s3.create_bucket(unique_bucket_name())
         return {
-            "KAFSCALE_ETCD_ENDPOINTS": etcd.endpoint,
+            "KAFSCALE_ETCD_ENDPOINTS": endpoints,
             "KAFSCALE_S3_BUCKET": self._bucket or overrides["KAFSCALE_S3_BUCKET"],
             "KAFSCALE_S3_ENDPOINT": s3.endpoint_url,
             "KAFSCALE_S3_ACCESS_KEY": s3.access_key,

@@ -10,12 +10,10 @@ ends with the shared history check (tests/harness/history.py).
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,213 +21,21 @@ from typing import Any
 
 import pytest
 
-from kafscale.metadata import records
-from kafscale.metadata.etcd import EtcdMetadataStore
-from kafscale.metadata.records import Keys
-from tests.harness.history import History, value
+from tests.harness.cluster import (
+    FAST,
+    PARTITIONS,
+    TOPIC,
+    bootstrap,
+    create_topic,
+    finish,
+    loaded_cluster,
+    start_cluster,
+    wait_for_leaders,
+    wait_for_spread,
+)
 from tests.harness.java_load import JavaLoads
 
 pytestmark = pytest.mark.integration
-
-TOPIC = "scale-out"
-PARTITIONS = 6
-# A short broker lease: failover waits for the dead owner's lease to run out.
-FAST = {"KAFSCALE_STORE_LOCK_TTL_MS": "6000", "KAFSCALE_SHARDS": "1"}
-
-
-def start_cluster(
-    start_broker: Callable[..., Any], size: int, env: dict[str, str] | None = None
-) -> list[Any]:
-    brokers = [
-        start_broker(backends="real", env={**FAST, **(env or {}), "KAFSCALE_BROKER_ID": str(i)})
-        for i in range(size)
-    ]
-    for broker in brokers:
-        broker.wait_ready()
-    return brokers
-
-
-def bootstrap(brokers: list[Any]) -> str:
-    return ",".join(broker.bootstrap for broker in brokers)
-
-
-def create_topic(brokers: list[Any], partitions: int = PARTITIONS) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
-    admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(timeout=60)
-
-
-def leaders_seen_by(broker: Any) -> dict[int, tuple[int, int]]:
-    """partition -> (leader node id, leader epoch) as this one broker's Metadata answers; the
-    epoch from the leader key in etcd (confluent-kafka's metadata does not show it)."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    metadata = admin.list_topics(TOPIC, timeout=20)
-    store = EtcdMetadataStore(list(broker.env["KAFSCALE_ETCD_ENDPOINTS"].split(",")))
-    try:
-        keys = Keys(broker.env["KAFSCALE_S3_NAMESPACE"])
-        epochs = {}
-        for kv in store.get_prefix(keys.topic_leaders(TOPIC)):
-            parsed = keys.parse_leader(kv.key)
-            if parsed is not None:
-                epochs[parsed[1]] = records.decode_leader(kv.value).epoch
-    finally:
-        store.close()
-    return {
-        p.id: (p.leader, epochs.get(p.id, -1)) for p in metadata.topics[TOPIC].partitions.values()
-    }
-
-
-def wait_for_leaders(
-    brokers: list[Any], live: set[int], timeout: float = 60
-) -> dict[int, tuple[int, int]]:
-    """Every partition led by a broker of ``live``, and every broker of ``brokers`` agreeing."""
-    deadline = time.monotonic() + timeout
-    seen: list[dict[int, tuple[int, int]]] = []
-    while time.monotonic() < deadline:
-        seen = [leaders_seen_by(broker) for broker in brokers]
-        first = seen[0]
-        if (
-            len(first) == PARTITIONS
-            and all(leader in live for leader, _ in first.values())
-            and all(other == first for other in seen[1:])
-        ):
-            return first
-        time.sleep(0.5)
-    raise AssertionError(f"leaders did not settle on {live}: {seen}")
-
-
-def wait_for_spread(brokers: list[Any], timeout: float = 90) -> dict[int, tuple[int, int]]:
-    """Every broker leads as many partitions as every other, and all agree."""
-    deadline = time.monotonic() + timeout
-    while True:
-        leaders = wait_for_leaders(brokers, set(range(len(brokers))), timeout)
-        counts = Counter(leader for leader, _ in leaders.values())
-        if len(counts) == len(brokers) and max(counts.values()) - min(counts.values()) <= 1:
-            return leaders
-        assert time.monotonic() < deadline, f"leaders not spread: {leaders}"
-        time.sleep(0.5)
-
-
-class LoadProducer:
-    """An idempotent acks=all producer sending to every partition from a thread until stopped,
-    recording each acknowledgement in ``history``."""
-
-    def __init__(self, brokers: list[Any], history: History, name: str) -> None:
-        from confluent_kafka import Producer
-
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap(brokers),
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "message.timeout.ms": 120_000,
-            }
-        )
-        self.history, self.name = history, name
-        self.acked_at: dict[int, list[float]] = {p: [] for p in range(PARTITIONS)}
-        self.sent = 0
-        self.errors: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wait_acked(self, count: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.history.acked) < count:
-            assert time.monotonic() < deadline, f"only {len(self.history.acked)} acked"
-            time.sleep(0.1)
-
-    def more(self, count: int) -> None:
-        """Wait until ``count`` more records than now are acknowledged."""
-        self.wait_acked(len(self.history.acked) + count, timeout=120)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=180)
-        assert self.producer.flush(120) == 0, "records still in flight after 120 s"
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            data = value(self.name, self.sent)
-            try:
-                self.producer.produce(
-                    TOPIC, data, partition=self.sent % PARTITIONS, on_delivery=self._delivered
-                )
-                self.sent += 1
-            except BufferError:
-                pass
-            self.producer.poll(0.004)  # ~250 records/s: enough to span every fault, quick to read
-
-    def _delivered(self, err: Any, message: Any) -> None:
-        if err is not None:
-            self.errors[err.name()] += 1
-        else:
-            self.history.ack(TOPIC, message.partition(), message.offset(), message.value())
-            self.acked_at[message.partition()].append(time.monotonic())
-
-    def outage(self, moment: float, partitions: list[int]) -> float:
-        """The longest time ``partitions`` went without an acknowledgement after ``moment``:
-        how long clients waited for them to move (callbacks of acks received before the
-        fault still come in after it, so the first ack after it says nothing)."""
-        longest = 0.0
-        for p in partitions:
-            times = [t for t in self.acked_at[p] if t > moment - 1.0]
-            gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-            longest = max(longest, *gaps, 0.0)
-        return longest
-
-
-def read_everything(brokers: list[Any], history: History, expected: int) -> None:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap(brokers),
-            "group.id": "scale-out-reader",
-            "enable.auto.commit": False,
-        }
-    )
-    read = 0
-    try:
-        consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        deadline, quiet_since = time.monotonic() + 120, time.monotonic()
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
-                if read >= expected and time.monotonic() - quiet_since > 3:
-                    return
-                continue
-            history.saw(TOPIC, message.partition(), message.offset(), message.value())
-            read += 1
-            quiet_since = time.monotonic()
-    finally:
-        consumer.close()
-
-
-def loaded_cluster(
-    start_broker: Callable[..., Any], size: int, env: dict[str, str] | None = None
-) -> tuple[list[Any], dict[int, tuple[int, int]], LoadProducer]:
-    """``size`` brokers, the topic led by all of them, and a load that got 1,000 acks."""
-    brokers = start_cluster(start_broker, size, env)
-    create_topic(brokers)
-    leaders = wait_for_leaders(brokers, set(range(size)))
-    load = LoadProducer(brokers, History(), "p1")
-    load.start()
-    load.wait_acked(1000)
-    return brokers, leaders, load
-
-
-def finish(load: LoadProducer, readers: list[Any], note: str = "") -> None:
-    """Stop the load, read everything back through ``readers`` and check the history."""
-    load.stop()
-    read_everything(readers, load.history, len(load.history.acked))
-    print(load.history.check(), dict(load.errors), note)
 
 
 def test_leaders_spread_over_three_brokers_and_every_broker_agrees(

@@ -21,11 +21,17 @@ from kio.index import load_request_schema, load_response_schema
 
 from kafscale.protocol import codec
 from kafscale.protocol.errors import ErrorCode
+from tests.harness import cluster as scale_out
+from tests.harness.cluster import (
+    LoadProducer,
+    bootstrap,
+    create_topic,
+    start_cluster,
+    wait_for_leaders,
+)
 from tests.harness.groups import GroupConsumer, GroupConsumers, wait_for_assignment
 from tests.harness.history import History
 
-from . import test_scale_out as scale_out
-from .test_scale_out import LoadProducer, bootstrap, create_topic, start_cluster, wait_for_leaders
 from .wire import Wire
 
 pytestmark = pytest.mark.integration
