@@ -12,7 +12,8 @@ duplicated, the load carries on, and ownership does not move.
   failed (every error the brokers returned was retriable), no broker stops, and the load is
   acknowledged again on every partition once it is back.
 - A broker SIGKILLed and started again at once with the same id, as an orchestrator does: its
-  partitions must not wait for its whole boot (expected to fail today: see the test).
+  partitions must not wait for its whole boot (found by the chaos run: it registers booting,
+  ``BrokerRecord.ready``, and gets partitions handed back only once it serves).
 
 The etcd cluster is this module's own. MinIO is the suite's session `s3_server`: tests on one
 pytest-xdist worker run one after another and every worker has its own MinIO, so a test may stop
@@ -162,15 +163,6 @@ def spawned(broker: Any, child: str) -> int | None:
     return None
 
 
-@pytest.mark.xfail(
-    reason="found by scripts/chaos.sh (tests/chaos/results/): a broker started again with the "
-    "same id registers (running) as soon as its old lease ends, before any of its processes can "
-    "serve; the assignment gives its partitions back to it at once (the survivors hand over the "
-    "ones they had just claimed), its coordinator claims them when it starts, and its shard and "
-    "frontend come up only after the flusher's boot recovery: the partitions are offline for "
-    "the whole boot (up to 80 s in the chaos run), not for the TTL",
-    strict=True,
-)
 def test_a_crashed_broker_started_again_at_once_does_not_hold_its_partitions_while_it_boots(
     start_broker: Callable[..., Any], on_cluster: dict[str, str]
 ) -> None:
