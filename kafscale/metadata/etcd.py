@@ -62,6 +62,12 @@ __all__ = ["EtcdLease", "EtcdMetadataStore", "EtcdSecurity", "EtcdWatch", "parse
 T = TypeVar("T")
 
 
+# get_prefix reads this many keys per Range (most values are ~200 bytes); a page over the 64 MiB
+# gRPC message limit (values are up to etcd's 1.5 MiB request limit) is asked again with fewer.
+PAGE_KEYS = 1_000
+PAGE_RESTARTS = 3  # scans started again because history compaction removed their revision
+
+
 class EtcdLease:
     def __init__(self, store: EtcdMetadataStore, lease_id: int, ttl: int) -> None:
         self._store, self._id, self._ttl = store, lease_id, ttl
@@ -176,16 +182,44 @@ class EtcdMetadataStore:
         return _key_value(response.kvs[0]) if response.kvs else None
 
     def get_prefix(self, prefix: str) -> list[KeyValue]:
+        """Every key under ``prefix`` at one revision, read ``PAGE_KEYS`` keys per Range: a
+        namespace's records outgrow one gRPC message (64 MiB) in a long run. The pages after
+        the first read at the first one's revision; if history compaction removes it meanwhile
+        the scan starts again."""
+        for _ in range(PAGE_RESTARTS):
+            try:
+                return self._scan(prefix)
+            except MetadataStoreError as exc:
+                if "required revision has been compacted" not in str(exc):
+                    raise
+        return self._scan(prefix)
+
+    def _scan(self, prefix: str) -> list[KeyValue]:
         start, end = prefix_range(prefix)
-        response = self._range(
-            etcdrpc.RangeRequest(
+        found: list[KeyValue] = []
+        revision = 0  # the first page's: every page reads the same revision
+        limit = PAGE_KEYS
+        while True:
+            request = etcdrpc.RangeRequest(
                 key=start,
                 range_end=end,
+                limit=limit,
+                revision=revision,
                 sort_order=etcdrpc.RangeRequest.ASCEND,
                 sort_target=etcdrpc.RangeRequest.KEY,
             )
-        )
-        return [_key_value(kv) for kv in response.kvs]
+            try:
+                response = self._range(request)
+            except MetadataStoreError as exc:
+                if "RESOURCE_EXHAUSTED" not in str(exc) or limit == 1:
+                    raise
+                limit = max(limit // 4, 1)  # large values: fewer keys per page
+                continue
+            found.extend(_key_value(kv) for kv in response.kvs)
+            if not response.more or not response.kvs:
+                return found
+            revision = revision or int(response.header.revision)
+            start = bytes(response.kvs[-1].key) + b"\0"
 
     def revision(self) -> int:
         response = self._range(etcdrpc.RangeRequest(key=b"\0", count_only=True))
