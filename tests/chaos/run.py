@@ -138,6 +138,7 @@ class Chaos:
         self.started = time.monotonic()
         self.exits: list[Exit] = []
         self.current: Fault | None = None
+        self.gave_up: set[int] = set()  # pids of brokers killed after failed boots
 
     # --- the cluster ---------------------------------------------------------------------------
 
@@ -176,7 +177,9 @@ class Chaos:
         self.minio.close()
 
     def restart(self, index: int) -> None:
-        """Start broker ``index`` again with the environment it had (same id, ports, namespace)."""
+        """Start broker ``index`` again with the environment it had (same id, ports, namespace).
+        After BOOT_ATTEMPTS failed boots it raises, leaving the last one killed: `tend` tries
+        again later without counting it as an exit."""
         old = self.brokers[index]
         for attempt in range(1, BOOT_ATTEMPTS + 1):
             broker = self.factory(env=dict(old.env))
@@ -188,12 +191,20 @@ class Chaos:
                 log(f"broker {index} did not boot (attempt {attempt}): {str(exc).splitlines()[0]}")
                 broker.kill()
                 if attempt == BOOT_ATTEMPTS:
+                    self.gave_up.add(broker.pid)
                     raise
 
     def tend(self) -> None:
-        """Start again every broker found exited that the runner did not stop, recording it."""
+        """Start again every broker found exited that the runner did not stop, recording it.
+        Not while MinIO is stopped: a broker refuses to start with a backend unreachable."""
+        if not self.minio.running:
+            return
         for index, broker in enumerate(self.brokers):
             if broker.running:
+                continue
+            if broker.pid in self.gave_up:  # the runner killed it after failed boots
+                self.gave_up.discard(broker.pid)
+                self.restart(index)
                 continue
             code = broker.returncode
             problems = broker.close()  # its children must have gone with it
@@ -298,7 +309,10 @@ class Chaos:
         while (after_repair := self.watch.elapsed(at_repair)) is None:
             if time.monotonic() > deadline:
                 break
-            self.tend()
+            try:
+                self.tend()
+            except HarnessError as exc:
+                outcome.failures.append(f"a broker did not start again: {first_line(exc)}")
             time.sleep(0.1)
         outcome.after_repair_s = after_repair
         outcome.recovered_s = self.watch.elapsed(at_fault)
@@ -350,7 +364,10 @@ class Chaos:
         if self.group is not None:
             self.group.stop()
             result.group_read, result.group_errors = self.group.read, dict(self.group.errors)
-        self.tend()
+        try:
+            self.tend()
+        except HarnessError as exc:
+            result.failures.append(f"a broker did not start again: {first_line(exc)}")
         log(f"reading back {result.acked} acknowledged records")
         result.read = read_everything(
             self.brokers, self.history, result.acked, timeout=max(300, result.acked / 500)
@@ -361,6 +378,10 @@ class Chaos:
         except AssertionError as exc:
             result.check = f"FAILED: {exc}"
         log(f"history check: {result.check}")
+
+
+def first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _s(seconds: float | None) -> str:
@@ -400,6 +421,25 @@ def git_commit() -> str:
     except OSError:
         return "unknown"
     return f"{head}{' (with uncommitted changes)' if dirty else ''}"
+
+
+def run_faults(
+    chaos: Chaos, faults: list[Fault], args: argparse.Namespace, result: RunResult
+) -> None:
+    in_a_row = 0
+    for fault in faults:
+        if args.max_minutes and time.monotonic() - chaos.started > args.max_minutes * 60:
+            log(f"{args.max_minutes} minutes are up: no more faults")
+            return
+        outcome = chaos.run_fault(fault)
+        result.outcomes.append(outcome)
+        in_a_row = in_a_row + 1 if outcome.failures else 0
+        if in_a_row >= MAX_FAILURES_IN_A_ROW:
+            result.failures.append(f"stopped after {in_a_row} failed faults in a row")
+            return
+        if chaos.load is not None and chaos.load.fatal is not None:
+            result.failures.append("stopped: the producer hit a fatal error")
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,26 +494,17 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         chaos.start()
-        in_a_row = 0
-        for fault in faults:
-            if args.max_minutes and time.monotonic() - chaos.started > args.max_minutes * 60:
-                log(f"{args.max_minutes} minutes are up: no more faults")
-                break
-            outcome = chaos.run_fault(fault)
-            result.outcomes.append(outcome)
-            in_a_row = in_a_row + 1 if outcome.failures else 0
-            if in_a_row >= MAX_FAILURES_IN_A_ROW:
-                result.failures.append(f"stopped after {in_a_row} failed faults in a row")
-                break
-            if chaos.load is not None and chaos.load.fatal is not None:
-                result.failures.append("stopped: the producer hit a fatal error")
-                break
+        try:
+            run_faults(chaos, faults, args, result)
+        except Exception as exc:  # still read everything back and check it
+            result.failures.append(f"the runner failed: {type(exc).__name__}: {first_line(exc)}")
+            log(result.failures[-1])
         chaos.finish(result)
     except KeyboardInterrupt:
         interrupted = True
         result.failures.append("interrupted (Ctrl-C)")
     except Exception as exc:  # the result must still be written, saying what happened
-        result.failures.append(f"the runner failed: {type(exc).__name__}: {exc}"[:2000])
+        result.failures.append(f"the runner failed: {type(exc).__name__}: {first_line(exc)}")
         log(result.failures[-1])
     finally:
         result.exits = chaos.exits

@@ -23,6 +23,7 @@ import pytest
 from kafscale import config as configuration
 from kafscale.metadata import (
     Compare,
+    Delete,
     EventType,
     MetadataStore,
     MetadataStoreError,
@@ -30,7 +31,7 @@ from kafscale.metadata import (
     Put,
     open_metadata_store,
 )
-from kafscale.metadata.etcd import EtcdMetadataStore, EtcdSecurity
+from kafscale.metadata.etcd import PAGE_KEYS, EtcdMetadataStore, EtcdSecurity
 from tests.harness.etcd import EtcdCluster, EtcdServer, EtcdTls, enable_auth
 from tests.harness.procs import HarnessError
 from tests.harness.tls import Pki, make_pki
@@ -242,6 +243,38 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_a_prefix_larger_than_one_grpc_message_is_read_whole(cluster: EtcdCluster) -> None:
+    store = EtcdMetadataStore(cluster.endpoints, timeout=30.0)
+    prefix = _prefix()
+    value = b"x" * (1024 * 1024)  # etcd takes requests up to 1.5 MiB
+    keys = [f"{prefix}{i:03d}" for i in range(66)]  # 66 MiB of values
+    try:
+        for key in keys:
+            store.put(key, value)
+        # Found by scripts/chaos.sh (tests/chaos/results/2026-11-27-1624.md): read as one Range,
+        # this failed with RESOURCE_EXHAUSTED, and so did every boot of the namespace.
+        assert [kv.key for kv in store.get_prefix(prefix)] == keys
+    finally:
+        for key in keys:
+            store.delete(key)
+        store.close()
+
+
+def test_a_prefix_of_several_pages_is_read_whole_in_order(cluster: EtcdCluster) -> None:
+    store = EtcdMetadataStore(cluster.endpoints, timeout=30.0)
+    prefix = _prefix()
+    keys = [f"{prefix}{i:05d}" for i in range(2 * PAGE_KEYS + 7)]
+    try:
+        for start in range(0, len(keys), 100):
+            store.transaction([], [Put(key, key.encode()) for key in keys[start : start + 100]])
+        found = store.get_prefix(prefix)
+        assert [(kv.key, kv.value) for kv in found] == [(key, key.encode()) for key in keys]
+    finally:
+        for start in range(0, len(keys), 100):
+            store.transaction([], [Delete(key) for key in keys[start : start + 100]])
+        store.close()
 
 
 # -- TLS ----------------------------------------------------------------------------------------

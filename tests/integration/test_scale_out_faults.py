@@ -78,10 +78,7 @@ def hold(brokers: list[Any], load: LoadProducer, seconds: float) -> None:
 
 
 def lose_member(
-    start_broker: Callable[..., Any],
-    cluster: EtcdCluster,
-    env: dict[str, str],
-    pick: Callable[[], EtcdServer],
+    start_broker: Callable[..., Any], env: dict[str, str], pick: Callable[[], EtcdServer]
 ) -> None:
     brokers, before, load = loaded_cluster(start_broker, 3, env)
     member = pick()
@@ -109,7 +106,7 @@ def test_an_etcd_follower_in_use_killed_under_load_changes_nothing(
         assert etcd_cluster.leader() is not first
         return first
 
-    lose_member(start_broker, etcd_cluster, on_cluster, follower_in_use)
+    lose_member(start_broker, on_cluster, follower_in_use)
 
 
 def test_the_etcd_leader_in_use_killed_under_load_changes_nothing(
@@ -122,7 +119,7 @@ def test_the_etcd_leader_in_use_killed_under_load_changes_nothing(
         assert etcd_cluster.leader() is first
         return first
 
-    lose_member(start_broker, etcd_cluster, on_cluster, leader_in_use)
+    lose_member(start_broker, on_cluster, leader_in_use)
 
 
 def test_minio_stopped_under_load_refuses_retriably_and_recovers(
