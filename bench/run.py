@@ -241,12 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
-    latency = None
-    if args.s3_latency_ms not in ("0", ""):
-        low, _, high = args.s3_latency_ms.partition("-")
-        latency = S3Latency(
-            float(low) / 1000, float(high or low) / 1000, args.s3_get_latency_ms / 1000
-        )
+    latency = S3Latency.parse(args.s3_latency_ms, args.s3_get_latency_ms)
     base = Settings()
     scaled: dict[str, Any] = {key: max(1, int(getattr(base, key) * args.scale)) for key in SCALED}
     scaled.update({key: getattr(base, key) * args.scale for key in SECONDS_SCALED})

@@ -59,6 +59,14 @@ class S3Latency:
             f"other requests +{self.get * 1000:.0f} ms"
         )
 
+    @classmethod
+    def parse(cls, put_ms: str, get_ms: float) -> S3Latency | None:
+        """From the command line: PUT latency 'MIN-MAX' or 'MS' ms ('0' or '' for no proxy)."""
+        if put_ms in ("0", ""):
+            return None
+        low, _, high = put_ms.partition("-")
+        return cls(float(low) / 1000, float(high or low) / 1000, get_ms / 1000)
+
 
 class Target:
     name = "target"
