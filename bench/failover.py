@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker-env", action="append", default=[], metavar="KAFSCALE_X=VALUE")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--label", default="", help="a word for the results' file names")
+    parser.add_argument(
+        "--note", action="append", default=[], help="a line for the report (repeatable)"
+    )
     args = parser.parse_args(argv)
     if set(args.faults.split(",")) - set(outage.FAULTS):
         parser.error(f"--faults takes {', '.join(outage.FAULTS)}")
@@ -382,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             **broker_settings,
         },
         "faults": faults,
+        "notes": args.note,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = (

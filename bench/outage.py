@@ -190,6 +190,7 @@ def markdown(run: dict[str, Any]) -> str:
             f"(commit {m['commit']}). Load average (1, 5, 15 min) before: {run['load_before']}; "
             f"after: {run['load_after']}.",
             "",
+            *[f"Note: {note}\n" for note in run.get("notes", [])],
             f"- Machine: {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB; Python "
             f"{m['python']}. The three brokers, MinIO, etcd, the latency proxy and the producer "
             "share it.",

@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--label", default="", help="a word for the results' file names")
     parser.add_argument(
+        "--note", action="append", default=[], help="a line for the report (repeatable)"
+    )
+    parser.add_argument(
         "--broker-env",
         action="append",
         default=[],
@@ -285,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             "s3_latency": latency.describe() if latency else "none",
         },
         "scenarios": {name: SCENARIOS[name][0] for name in names},
+        "notes": args.note,
         "results": [asdict(m) for m in results],
     }
     args.out.mkdir(parents=True, exist_ok=True)
