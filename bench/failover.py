@@ -240,29 +240,30 @@ def one_fault(
     after = cluster.leader_epochs()
     moved = {p: cluster.epochs(p) for p, (_, epoch) in after.items() if epoch > before[p][1]}
     starts = {p: outage.new_epoch(history, before[p][1]) for p, history in moved.items()}
+    # Until every moved partition's new owner acknowledged something.
     deadline = time.monotonic() + SETTLE_TIMEOUT
-    results: dict[int, outage.PartitionOutage] = {}
-    while len(results) < len(moved):
+    while waiting := [
+        p for p, start in starts.items()
+        if start is None or outage.first_ack_from(list(load.acks[p]), start[1]) is None
+    ]:  # fmt: skip
         if time.monotonic() > deadline:
-            missing = sorted(set(moved) - set(results))
-            raise RuntimeError(f"no acknowledgement from the new owners of {missing}")
-        for p in moved:
-            start = starts[p]
-            if p in results or start is None:
-                continue
-            found = outage.partition_outage(
-                partition=p,
-                acks=list(load.acks[p]),
-                fault_at=fault_at,
-                old_owner=before[p][0],
-                new_owner=after[p][0],
-                epoch=start,
-                leader_seen_at=watch.seen.get(p),
-            )
-            if found is not None:
-                results[p] = found
+            raise RuntimeError(f"no acknowledgement from the new owners of {waiting}")
         time.sleep(0.2)
-    watch.stop()
+    seen = watch.stop()
+    results = {}
+    for p, start in starts.items():
+        assert start is not None
+        found = outage.partition_outage(
+            partition=p,
+            acks=list(load.acks[p]),
+            fault_at=fault_at,
+            old_owner=before[p][0],
+            new_owner=after[p][0],
+            epoch=start,
+            leader_seen_at=seen.get(p),
+        )
+        assert found is not None
+        results[p] = found
     if kind == "term":
         stopper.join(120)
         if exited.get("code") != 0:
