@@ -208,7 +208,11 @@ def markdown(run: dict[str, Any]) -> str:
             "first acknowledgement of an offset in the partition's new leader epoch (the new "
             "owner's first acknowledged produce; bench/outage.py says why that excludes late "
             "callbacks of the old owner's). `gap`: the old owner's last acknowledgement to the "
-            "new owner's first. The moved partitions are those the victim owned.",
+            "new owner's first. The moved partitions are those the victim owned. A SIGKILLed "
+            "broker's lease ends a TTL after its last refresh (the supervisor refreshes it every "
+            "third of the TTL), so 2/3 of a TTL to a TTL after the kill; then a survivor claims "
+            "the partition, loads it, the client finds the new leader, and the new owner "
+            "acknowledges at the end of its next flush cycle.",
             "",
             *summary_rows(run["faults"]),
             "",
