@@ -250,12 +250,14 @@ def one_fault(
             raise RuntimeError(f"no acknowledgement from the new owners of {waiting}")
         time.sleep(0.2)
     seen = watch.stop()
-    results = {}
+    time.sleep(1.0)  # the acknowledgements just after the first, for the evidence below
+    results: dict[int, dict[str, Any]] = {}
     for p, start in starts.items():
         assert start is not None
+        acks = list(load.acks[p])
         found = outage.partition_outage(
             partition=p,
-            acks=list(load.acks[p]),
+            acks=acks,
             fault_at=fault_at,
             old_owner=before[p][0],
             new_owner=after[p][0],
@@ -263,7 +265,8 @@ def one_fault(
             leader_seen_at=seen.get(p),
         )
         assert found is not None
-        results[p] = found
+        last = fault_at + found.first_ack_s + 1.0
+        results[p] = {**asdict(found), "acks": outage.bursts(acks, fault_at, last)}
     if kind == "term":
         stopper.join(120)
         if exited.get("code") != 0:
@@ -273,7 +276,7 @@ def one_fault(
     return {
         "kind": kind,
         "victim": broker_id(victim),
-        "partitions": [asdict(results[p]) for p in sorted(results)],
+        "partitions": [results[p] for p in sorted(results)],
         "exited_s": exited["at"] - fault_at if "at" in exited else None,
         "delivery_errors": dict(load.errors - errors_before),
     }

@@ -1,6 +1,8 @@
 """How long a partition was out when a broker left, from a producer's acknowledgements (pure;
 bench/failover.py takes the measurements and writes the report this module builds).
 
+    .venv/bin/python -m bench.outage bench/results/<date>-<time>-failover.json  # (re)write the .md
+
 A partition that moves gets a new leader epoch, whose first offset is in the partition's epoch
 history (`PartitionRecord.epochs`, docs/design/scale-out.md section 2): every record the new owner
 appends has an offset at or above it, every record an earlier owner committed one below it. So
@@ -11,9 +13,11 @@ committed but did not acknowledge before it died is answered by the new owner as
 with its original offset (scale-out.md section 10), and counts as the old owner's.
 
 Per moved partition: `first_ack_s`, the fault (SIGKILL or SIGTERM sent) to that first
-acknowledgement, what the issue calls failover time; `gap_s`, the old owner's last
-acknowledgement to the new owner's first, the time the partition acknowledged nothing (for a
-SIGKILL it starts before the fault: the flush cycle the dead broker never finished);
+acknowledgement, what the issue calls failover time; `gap_s`, the longest time without any
+acknowledgement arriving, from the last one before the fault to that first one: what the
+partition's producers waited (for a SIGKILL it starts before the fault, with the flush cycle
+the dead broker never finished; the new owner's duplicate answers, which may come a cycle before
+its first new offset, end it);
 `leader_seen_s`, the fault to a survivor's Metadata naming the new leader (None when the poll
 never saw the move: it may be missed between two polls); and, for scale, `gap_before_s`, the
 partition's longest interval without an acknowledgement in the seconds before the fault (about
@@ -23,9 +27,12 @@ a flush cycle: acks=all answers a cycle's records together).
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 Ack = tuple[float, int]  # (the client's clock when the acknowledgement arrived, its offset)
@@ -40,7 +47,7 @@ class PartitionOutage:
     epoch: int  # the leader epoch the partition moved to
     start_offset: int  # that epoch's first offset
     first_ack_s: float
-    gap_s: float | None  # None: nothing was acknowledged below start_offset before
+    gap_s: float
     leader_seen_s: float | None
     gap_before_s: float | None
 
@@ -57,10 +64,13 @@ def first_ack_from(acks: Iterable[Ack], start_offset: int) -> float | None:
     return min(times) if times else None
 
 
-def last_ack_below(acks: Iterable[Ack], start_offset: int, until: float) -> float | None:
-    """When the last acknowledgement of an offset < `start_offset` arrived before `until`."""
-    times = [t for t, offset in acks if offset < start_offset and t <= until]
-    return max(times) if times else None
+def longest_silence(acks: Iterable[Ack], fault_at: float, until: float) -> float:
+    """The longest interval in which no acknowledgement arrived, from the last arrival before
+    the fault (or the fault, if none came before it) to `until`."""
+    acks = list(acks)
+    start = max((t for t, _ in acks if t <= fault_at), default=fault_at)
+    times = [start, *sorted(t for t, _ in acks if fault_at < t <= until), until]
+    return max(later - earlier for earlier, later in itertools.pairwise(times))
 
 
 def longest_gap(
@@ -88,7 +98,6 @@ def partition_outage(
     first = first_ack_from(acks, epoch[1])
     if first is None:
         return None
-    last_old = last_ack_below(acks, epoch[1], first)
     return PartitionOutage(
         partition=partition,
         old_owner=old_owner,
@@ -96,10 +105,27 @@ def partition_outage(
         epoch=epoch[0],
         start_offset=epoch[1],
         first_ack_s=first - fault_at,
-        gap_s=None if last_old is None else first - last_old,
+        gap_s=longest_silence(acks, fault_at, first),
         leader_seen_s=None if leader_seen_at is None else leader_seen_at - fault_at,
         gap_before_s=longest_gap(acks, fault_at),
     )
+
+
+def bursts(acks: Iterable[Ack], fault_at: float, until: float) -> list[list[float]]:
+    """The acknowledgements from STEADY_WINDOW_S before the fault to `until`, as the report's
+    evidence: those arriving within a millisecond of each other (a flush cycle's, answered
+    together) merged into [ms after the fault, first offset, last offset, count]."""
+    out: list[list[float]] = []
+    for t, offset in sorted(acks):
+        if not fault_at - STEADY_WINDOW_S <= t <= until:
+            continue
+        ms = round((t - fault_at) * 1000, 1)
+        if out and ms - out[-1][0] <= 1.0:
+            last = out[-1]
+            last[1], last[2], last[3] = min(last[1], offset), max(last[2], offset), last[3] + 1
+        else:
+            out.append([ms, offset, offset, 1])
+    return out
 
 
 def spread(values: Iterable[float | None]) -> dict[str, float] | None:
@@ -136,8 +162,8 @@ def summary_rows(faults: list[dict[str, Any]]) -> list[str]:
         groups.setdefault((fault["kind"], fault["ttl_ms"]), []).append(fault)
     rows = [
         "| fault | lease TTL | faults | moved partitions | fault -> first ack, slowest "
-        "partition of each fault | fault -> first ack, every partition | no ack (gap), every "
-        "partition | fault -> Metadata names the new leader | longest gap in the "
+        "partition of each fault | fault -> first ack, every partition | longest gap without "
+        "an ack, every partition | fault -> Metadata names the new leader | longest gap in the "
         f"{STEADY_WINDOW_S:g} s before |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -167,12 +193,11 @@ def fault_rows(faults: list[dict[str, Any]]) -> list[str]:
         errors = ", ".join(f"{k} {v}" for k, v in fault["delivery_errors"].items()) or "0"
         for p in fault["partitions"]:
             seen = p["leader_seen_s"]
-            gap = p["gap_s"]
             rows.append(
                 f"| {fault['kind']} #{fault['repeat']} | {fault['ttl_ms'] / 1000:g} s "
                 f"| {fault['victim']} | {p['partition']} | {p['old_owner']} -> {p['new_owner']} "
                 f"| {p['epoch']} ({p['start_offset']}) | {p['first_ack_s']:.2f} "
-                f"| {'-' if gap is None else f'{gap:.2f}'} "
+                f"| {p['gap_s']:.2f} "
                 f"| {'-' if seen is None else f'{seen:.2f}'} "
                 f"| {'-' if exited is None else f'{exited:.2f}'} | {errors} |"
             )
@@ -207,12 +232,13 @@ def markdown(run: dict[str, Any]) -> str:
             "Times in seconds, min / median / max. `fault -> first ack`: from the signal to the "
             "first acknowledgement of an offset in the partition's new leader epoch (the new "
             "owner's first acknowledged produce; bench/outage.py says why that excludes late "
-            "callbacks of the old owner's). `gap`: the old owner's last acknowledgement to the "
-            "new owner's first. The moved partitions are those the victim owned. A SIGKILLed "
-            "broker's lease ends a TTL after its last refresh (the supervisor refreshes it every "
-            "third of the TTL), so 2/3 of a TTL to a TTL after the kill; then a survivor claims "
-            "the partition, loads it, the client finds the new leader, and the new owner "
-            "acknowledges at the end of its next flush cycle.",
+            "callbacks of the old owner's). `gap`: the longest time without any acknowledgement "
+            "arriving on the partition, from the last one before the fault to that first one "
+            "(what its producer waited). The moved partitions are those the victim owned. A "
+            "SIGKILLed broker's lease ends a TTL after its last refresh (the supervisor refreshes"
+            " it every third of the TTL), so 2/3 of a TTL to a TTL after the kill; then a "
+            "survivor claims the partition, loads it, the client finds the new leader, and the "
+            "new owner acknowledges at the end of its next flush cycle.",
             "",
             *summary_rows(run["faults"]),
             "",
@@ -222,3 +248,10 @@ def markdown(run: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+if __name__ == "__main__":
+    source = Path(sys.argv[1])
+    target = source.with_suffix(".md")
+    target.write_text(markdown(json.loads(source.read_text())))
+    print(target)

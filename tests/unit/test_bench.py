@@ -173,7 +173,8 @@ def test_the_new_owners_first_ack_is_the_first_at_its_epochs_start_offset() -> N
     )
     assert moved is not None
     assert moved.first_ack_s == pytest.approx(8.2)
-    assert moved.gap_s == pytest.approx(108.2 - 108.0)  # from the old offsets' last arrival
+    # The producer waited from the late callback to the duplicate's answer.
+    assert moved.gap_s == pytest.approx(108.0 - 100.1)
     assert moved.leader_seen_s == pytest.approx(6.0)
     assert moved.gap_before_s == pytest.approx(1.0)  # 97.0 .. 99.0, the last 4 s
     # Nothing at or above the new epoch's start yet: no figure.
@@ -190,6 +191,11 @@ def test_the_new_owners_first_ack_is_the_first_at_its_epochs_start_offset() -> N
         is None
     )
     assert outage.new_epoch([(0, 0), (2, 5)], before=2) is None
+    # Nothing arrived before the fault: the silence starts at the fault.
+    assert outage.longest_silence([(103.0, 1)], 100.0, 103.0) == pytest.approx(3.0)
+    # The evidence: arrivals within a millisecond merged, from 4 s before the fault.
+    evidence = outage.bursts([(95.0, 9), (99.0, 13), (99.0005, 12), (108.2, 16)], fault, 108.2)
+    assert evidence == [[-1000.0, 12, 13, 2], [8200.0, 16, 16, 1]]
 
 
 def test_failover_summary_is_over_the_victims_partitions() -> None:
