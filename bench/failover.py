@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from bench import outage
@@ -148,7 +148,10 @@ class Cluster:
         deadline = time.monotonic() + SETTLE_TIMEOUT
         views: list[dict[int, int]] = []
         while time.monotonic() < deadline:
-            views = [leaders(admin) for admin in admins]
+            try:
+                views = [leaders(admin) for admin in admins]
+            except KafkaException:  # a broker slow to answer (claims, a loaded machine): again
+                continue
             first = views[0]
             counts = Counter(first.values())
             if (
