@@ -119,6 +119,7 @@ class Bench:
     def topic(self, partitions: int, name: str | None = None) -> str:
         topic = name or f"bench-{uuid.uuid4().hex[:10]}"
         py.create_topic(self.target.bootstrap, topic, partitions)
+        py.wait_for_leaders(self.target.bootstrap, topic, partitions)
         return topic
 
     def measured(self, client: str, work: Callable[[], py.Run], settle: bool = False) -> None:

@@ -80,6 +80,22 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
                 raise
 
 
+def wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> None:
+    """Until the topic's Metadata names a leader for each of its partitions: KafScale's brokers
+    claim a new topic's partitions after it is created (a claim each, in etcd), and a client
+    that came first would spend its first requests on LEADER_NOT_AVAILABLE."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+        led = [] if metadata is None else [p for p in metadata.partitions.values() if p.leader >= 0]
+        if len(led) == partitions:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{topic}: {len(led)} of {partitions} partitions have a leader")
+        time.sleep(0.1)
+
+
 def produce(
     bootstrap: str,
     topic: str,

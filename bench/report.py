@@ -26,6 +26,7 @@ DAILY_GB = 100  # the cost appendix's ingestion, decimal gigabytes
 DAILY_GIB = DAILY_GB * 1e9 / GIB
 KAFKA = "kafka"
 KAFSCALE_TARGETS = ("kafscale", "kafscale-s3")
+SCALE_OUT = ("kafscale-s3x3", "kafscale-s3")  # three brokers, and one, on MinIO + etcd
 
 # Scenarios that move too few bytes for per-byte figures to mean anything.
 LATENCY_ONLY = {"e2e-latency", "e2e-idle-cpu"}
@@ -61,7 +62,7 @@ def figure(result: dict[str, Any], key: str) -> Any:
     if key == "backend_cpu_per_gib":
         return (
             result["backend_cpu_seconds"] / gib
-            if gib and result["target"] == "kafscale-s3"
+            if gib and result["target"].startswith("kafscale-s3")
             else None
         )
     if key == "s3_per_gib":
@@ -144,18 +145,57 @@ def goals_summary(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def ratio_columns(present: list[str]) -> list[tuple[str, str]]:
+    """(numerator, denominator) targets of the ratio columns: each KafScale target over Kafka
+    when Kafka ran, and three brokers over one when both ran."""
+    pairs = [(t, KAFKA) for t in present if t != KAFKA] if KAFKA in present else []
+    if all(t in present for t in SCALE_OUT):
+        pairs.append(SCALE_OUT)
+    return pairs
+
+
+def scale_out_note(run: dict[str, Any]) -> list[str]:
+    """What the three-brokers-over-one ratio measures on this machine, when it was run."""
+    if not any(r["target"] == SCALE_OUT[0] for r in run["results"]):
+        return []
+    cores = run["machine"]["cores"]
+    return [
+        f"Note: this machine has {cores} cores. The three brokers of `{SCALE_OUT[0]}` share "
+        "them (with the clients, MinIO and etcd), so its ratio to one broker "
+        f"(`{SCALE_OUT[0]} / {SCALE_OUT[1]}`) measures what spreading the partitions over "
+        "brokers costs (routing, three process families instead of one), not horizontal "
+        "scaling: on machines of their own, three brokers would have three times the cores.\n"
+    ]
+
+
+def _run_line(run: dict[str, Any]) -> list[str]:
+    """How the run was started, and the machine's load average around it."""
+    command = run.get("command", "python -m bench.run")
+    out = [
+        f"Run {run['started']} to {run['finished']} (UTC) with `{command}` "
+        f"(commit {run['machine']['commit']}).",
+        "",
+    ]
+    if "load_before" in run:
+        out += [
+            f"Load average (1, 5, 15 min) before: {run['load_before']}; "
+            f"after: {run['load_after']}.",
+            "",
+        ]
+    return out
+
+
 def markdown(run: dict[str, Any], stem: str) -> str:
     m = run["machine"]
     settings = run["settings"]
     present = sorted({r["target"] for r in run["results"]}, key=_target_order)
-    ours = [t for t in present if t != KAFKA]
+    pairs = ratio_columns(present)
     out = [
         f"# KafScale next to Apache Kafka: {run['started'][:10]}",
         "",
-        f"Run {run['started']} to {run['finished']} (UTC) with `python -m bench.run` "
-        f"(commit {m['commit']}).",
-        "",
+        *_run_line(run),
         *[f"Note: {note}\n" for note in run.get("notes", [])],
+        *scale_out_note(run),
         "## Machine",
         "",
         f"- {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB memory, Linux {m['kernel']}",
@@ -186,9 +226,8 @@ def markdown(run: dict[str, Any], stem: str) -> str:
     for (scenario, client), by_target in _by(run["results"]).items():
         title = run["scenarios"].get(scenario, scenario)
         out += [f"## {scenario}: {title} ({client})", ""]
-        header = "| figure | " + " | ".join(present) + " | "
-        header += " | ".join(f"{t} / kafka" for t in ours) + " |"
-        out += [header, "|---|" + "---|" * (len(present) + len(ours))]
+        header = "| figure | " + " | ".join([*present, *(f"{a} / {b}" for a, b in pairs)]) + " |"
+        out += [header, "|---|" + "---|" * (len(present) + len(pairs))]
         for label, key, _higher, fmt in FIGURES:
             if scenario in LATENCY_ONLY and key in PER_BYTE:
                 continue
@@ -198,13 +237,13 @@ def markdown(run: dict[str, Any], stem: str) -> str:
             if all(v is None for v in values.values()):
                 continue
             cells = [_fmt(values[t], fmt) for t in present]
-            cells += [ratio(values[t], values.get(KAFKA)) for t in ours]
+            cells += [ratio(values[a], values[b]) for a, b in pairs]
             out.append(f"| {label} | " + " | ".join(cells) + " |")
         extras = sorted({k for r in by_target.values() for k in r["extra"]})
         for key in extras:
             cells = [_fmt(by_target[t]["extra"].get(key) if t in by_target else None, "{:.2f}")
                      for t in present]  # fmt: skip
-            out.append(f"| {key} | " + " | ".join(cells) + " |" + " |" * len(ours))
+            out.append(f"| {key} | " + " | ".join(cells) + " |" + " |" * len(pairs))
         out.append("")
     out += [
         "## How the figures are taken",
@@ -255,7 +294,7 @@ def _write_path_section(run: dict[str, Any]) -> list[str]:
 
 
 def _target_order(name: str) -> int:
-    order = [*KAFSCALE_TARGETS, KAFKA]
+    order = [*KAFSCALE_TARGETS, SCALE_OUT[0], KAFKA]
     return order.index(name) if name in order else len(order)
 
 

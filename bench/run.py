@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.run all                      # every scenario, every target
     .venv/bin/python -m bench.run produce-acks1-p1 consume-tail --targets kafscale,kafka
     .venv/bin/python -m bench.run --list
+    .venv/bin/python -m bench.run produce-acks1-p6 --targets kafscale-s3,kafscale-s3x3
+                                                           # three brokers against one
 
 (scripts/bench.sh installs what this needs and runs `all`.) The scenarios are here, issue 15's
 (write path v2) in bench/write_path.py, `Bench` in bench/core.py. Each scenario starts each
@@ -36,7 +38,7 @@ from bench import write_path
 from bench.core import SCALED, SECONDS_SCALED, Bench, Measurement, Settings
 from bench.kafka_perf import KafkaPerfTools
 from bench.report import write_report
-from bench.targets import TARGETS, S3Latency, make_target
+from bench.targets import SCALE_OUT_TARGETS, TARGETS, S3Latency, make_target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -190,11 +192,26 @@ def machine() -> dict[str, Any]:
     }
 
 
+def load_average() -> str:
+    """The 1, 5 and 15-minute load averages (as uptime prints them)."""
+    return ", ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def command_line(argv: list[str] | None, module: str = "bench.run") -> str:
+    """The command that started this run, as it would be typed again."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", "-m", module, *args])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenarios", nargs="*", help="scenario names, or 'all'")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated targets")
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help=f"comma-separated targets (also: {', '.join(SCALE_OUT_TARGETS)})",
+    )
     parser.add_argument(
         "--s3-latency-ms",
         default="50-100",
@@ -204,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply record counts")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--label", default="", help="a word for the results' file names")
+    parser.add_argument(
+        "--note", action="append", default=[], help="a line for the report (repeatable)"
+    )
     parser.add_argument(
         "--broker-env",
         action="append",
@@ -224,12 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
-    latency = None
-    if args.s3_latency_ms not in ("0", ""):
-        low, _, high = args.s3_latency_ms.partition("-")
-        latency = S3Latency(
-            float(low) / 1000, float(high or low) / 1000, args.s3_get_latency_ms / 1000
-        )
+    latency = S3Latency.parse(args.s3_latency_ms, args.s3_get_latency_ms)
     base = Settings()
     scaled: dict[str, Any] = {key: max(1, int(getattr(base, key) * args.scale)) for key in SCALED}
     scaled.update({key: getattr(base, key) * args.scale for key in SECONDS_SCALED})
@@ -237,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = KafkaPerfTools()
     targets = args.targets.split(",")
     started = datetime.now(UTC)
+    load_before = load_average()
     results: list[Measurement] = []
     descriptions: dict[str, str] = {}
     for name in names:
@@ -261,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     run = {
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command_line(argv),
+        "load_before": load_before,
+        "load_after": load_average(),
         "machine": machine(),
         "targets": descriptions,
         "settings": {
@@ -269,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             "s3_latency": latency.describe() if latency else "none",
         },
         "scenarios": {name: SCENARIOS[name][0] for name in names},
+        "notes": args.note,
         "results": [asdict(m) for m in results],
     }
     args.out.mkdir(parents=True, exist_ok=True)

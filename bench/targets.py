@@ -4,6 +4,8 @@
   metadata), exactly as the README's first command runs it;
 - `kafscale-s3`: `kafscale serve` against a real S3-compatible server (MinIO) and a real etcd,
   optionally behind a proxy that adds S3's latency to every PUT (and a little to every GET);
+- `kafscale-s3x3`: the same with three brokers (ids 0-2) on one bucket and etcd namespace, the
+  clients bootstrapped from all three (issue 16's scale-out; not in the default `--targets`);
 - `kafka`: Apache Kafka, a single KRaft node from bench/install.sh's jars.
 
 Each target starts fresh (empty data), can restart on its data (for cold reads), names the
@@ -18,7 +20,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -28,12 +29,14 @@ from typing import TypeVar
 from bench.kafka_server import KafkaServer, kafka_version
 from kafscale.config import Config
 from kafscale.config import load as load_config
-from tests.harness.broker import BrokerFactory, BrokerProcess
+from tests.harness.broker import STOP_TIMEOUT, BrokerFactory, BrokerProcess
 from tests.harness.etcd import EtcdServer
 from tests.harness.minio import MinioServer
 from tests.harness.procs import free_port
 
 TARGETS = ("kafscale", "kafscale-s3", "kafka")
+# Targets a run takes only when named: three brokers on this machine's two cores.
+SCALE_OUT_TARGETS = ("kafscale-s3x3",)
 KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS = 3000  # group.initial.rebalance.delay.ms's default
 T = TypeVar("T")
 _BUFFER_BYTES = re.compile(r'^kafscale_buffer_bytes\{shard="\w+"\} (\S+)$', re.MULTILINE)
@@ -55,6 +58,14 @@ class S3Latency:
             f"PUT +{self.put_min * 1000:.0f}-{self.put_max * 1000:.0f} ms, "
             f"other requests +{self.get * 1000:.0f} ms"
         )
+
+    @classmethod
+    def parse(cls, put_ms: str, get_ms: float) -> S3Latency | None:
+        """From the command line: PUT latency 'MIN-MAX' or 'MS' ms ('0' or '' for no proxy)."""
+        if put_ms in ("0", ""):
+            return None
+        low, _, high = put_ms.partition("-")
+        return cls(float(low) / 1000, float(high or low) / 1000, get_ms / 1000)
 
 
 class Target:
@@ -109,6 +120,10 @@ class Target:
 
 
 class KafScaleTarget(Target):
+    """One `kafscale serve`, or with `brokers` > 1 (S3 only) that many on one bucket and etcd
+    namespace, ids 0..n-1: the clients bootstrap from all of them, and the broker's figures
+    (processes, S3 requests, unflushed bytes) are every broker's summed."""
+
     def __init__(
         self,
         work_dir: Path,
@@ -116,12 +131,16 @@ class KafScaleTarget(Target):
         s3: bool,
         latency: S3Latency | None = None,
         env: dict[str, str] | None = None,
+        brokers: int = 1,
     ) -> None:
         super().__init__(work_dir)
-        self.name = "kafscale-s3" if s3 else "kafscale"
+        if brokers > 1 and not s3:
+            raise ValueError("several brokers need etcd and an object store (s3=True)")
+        self.name = "kafscale" if not s3 else "kafscale-s3" + (f"x{brokers}" if brokers > 1 else "")
         self.s3 = s3
         self.latency = latency
         self.env = dict(env or {})  # KAFSCALE_* settings the run sets (--broker-env)
+        self.count = brokers
         self._etcd: EtcdServer | None = None
         self._minio: MinioServer | None = None
         # The latency proxy runs as a process of its own: in the benchmark's process its
@@ -129,18 +148,21 @@ class KafScaleTarget(Target):
         self._proxy: subprocess.Popen[str] | None = None
         self._proxy_url = ""
         self._factory: BrokerFactory | None = None
-        self._broker: BrokerProcess | None = None
+        self.brokers: list[BrokerProcess] = []
         self._base_requests: Counter[str] = Counter()
 
     @property
     def broker(self) -> BrokerProcess:
-        if self._broker is None:
+        """The first broker (the only one unless `brokers` > 1)."""
+        if not self.brokers:
             raise RuntimeError(f"{self.name} is not running")
-        return self._broker
+        return self.brokers[0]
 
     @property
     def bootstrap(self) -> str:
-        return self.broker.bootstrap
+        if not self.brokers:
+            raise RuntimeError(f"{self.name} is not running")
+        return ",".join(broker.bootstrap for broker in self.brokers)
 
     def start(self) -> None:
         overrides: dict[str, str] = dict(self.env)
@@ -163,16 +185,38 @@ class KafScaleTarget(Target):
             etcd=lambda: _required(etcd),
             s3=lambda: _required(minio),
         )
-        self._broker = self._factory(overrides, "real" if self.s3 else "embedded", ready=True)
+        if self.count == 1:
+            self.brokers = self._spawn([overrides])
+        else:
+            self.brokers = self._spawn(
+                [{**overrides, "KAFSCALE_BROKER_ID": str(i)} for i in range(self.count)]
+            )
+
+    def _spawn(self, envs: list[dict[str, str]]) -> list[BrokerProcess]:
+        """A broker per `env`, spawned together (each boots while the others do), then each
+        waited for until ready."""
+        assert self._factory is not None
+        started = [self._factory(dict(env), "real" if self.s3 else "embedded") for env in envs]
+        for broker in started:
+            broker.wait_ready()
+        return started
+
+    def start_broker(self, env: dict[str, str]) -> BrokerProcess:
+        """Another broker on this target's backends (`env`: a stopped one's, to restart it on
+        its id and ports); ready when returned. The caller keeps `brokers` up to date."""
+        if self._factory is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self._spawn([env])[0]
 
     def restart(self) -> None:
         assert self._factory is not None
-        old = self.broker
         self._base_requests = self.s3_requests()
-        code = old.terminate()
-        if code != 0:
-            raise RuntimeError(f"{self.name} exited {code} on SIGTERM\n{old.log_tail()}")
-        self._broker = self._factory(dict(old.env), "real" if self.s3 else "embedded", ready=True)
+        # One at a time: each hands its partitions to those still running, the last to none.
+        for old in self.brokers:
+            code = old.terminate(timeout=STOP_TIMEOUT)
+            if code != 0:
+                raise RuntimeError(f"{self.name} exited {code} on SIGTERM\n{old.log_tail()}")
+        self.brokers = self._spawn([old.env for old in self.brokers])
 
     def stop(self) -> None:
         problems = self._factory.close() if self._factory is not None else []
@@ -182,24 +226,23 @@ class KafScaleTarget(Target):
         for server in (self._minio, self._etcd):
             if server is not None:
                 server.close()
-        self._broker = None
+        self.brokers = []
         if problems:
             raise RuntimeError(f"{self.name} did not stop cleanly:\n" + "\n".join(problems))
 
     def broker_pids(self) -> list[int]:
-        return [self.broker.pid]
+        return [broker.pid for broker in self.brokers if broker.running]
 
     def backend_pids(self) -> list[int]:
         pids = [pid for s in (self._minio, self._etcd) if s is not None and (pid := s.pid)]
         return pids + ([self._proxy.pid] if self._proxy is not None else [])
 
-    def _metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.broker.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return bytes(response.read()).decode()
-
     def metrics_text(self) -> str:
-        return self._metrics()
+        """The one broker's page; several brokers' pages do not add up to one (their series
+        would repeat), so scenarios that read it do not run on a cluster."""
+        if self.count > 1:
+            raise RuntimeError(f"{self.name}: {self.count} brokers have no single /metrics page")
+        return self.broker.metrics_text()
 
     def config(self) -> Config:
         return load_config(self.broker.env)
@@ -217,16 +260,24 @@ class KafScaleTarget(Target):
         return total
 
     def s3_requests(self) -> Counter[str]:
-        """Counts from the broker's /metrics, kept across restarts (a restarted broker's
-        counters start again at zero)."""
-        now = Counter({op: int(float(n)) for op, n in _S3_REQUEST.findall(self._metrics())})
+        """Counts from every running broker's /metrics, kept across restarts (a restarted
+        broker's counters start again at zero)."""
+        now: Counter[str] = Counter()
+        for broker in self.brokers:
+            if broker.running:
+                now.update(_s3_counts(broker.metrics_text()))
         return now + self._base_requests
 
     def settle(self, timeout: float = 60.0) -> None:
-        """Until no shard holds unflushed bytes (kafscale_buffer_bytes sums to 0)."""
+        """Until no shard of any broker holds unflushed bytes (kafscale_buffer_bytes sums to 0)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            held = sum(float(n) for n in _BUFFER_BYTES.findall(self._metrics()))
+            held = sum(
+                float(n)
+                for broker in self.brokers
+                if broker.running
+                for n in _BUFFER_BYTES.findall(broker.metrics_text())
+            )
             if held == 0:
                 return
             time.sleep(0.1)
@@ -236,7 +287,12 @@ class KafScaleTarget(Target):
         if not self.s3:
             return f"KafScale {version('kafscale')}, embedded default (local directory + SQLite)"
         latency = f"; S3 latency added: {self.latency.describe()}" if self.latency else ""
-        return f"KafScale {version('kafscale')}, MinIO + etcd{latency}"
+        brokers = (
+            f", {self.count} brokers (ids 0-{self.count - 1}) on one bucket and etcd namespace"
+            if self.count > 1
+            else ""
+        )
+        return f"KafScale {version('kafscale')}, MinIO + etcd{brokers}{latency}"
 
 
 class KafkaTarget(Target):
@@ -291,6 +347,10 @@ def _start_proxy(upstream: str, latency: S3Latency) -> subprocess.Popen[str]:
     return proc
 
 
+def _s3_counts(metrics: str) -> Counter[str]:
+    return Counter({op: int(float(n)) for op, n in _S3_REQUEST.findall(metrics)})
+
+
 def _dir_bytes(root: Path) -> int:
     """The sizes of the files under `root`; a file deleted while it is walked counts 0."""
     total = 0
@@ -317,6 +377,9 @@ def make_target(
         return KafScaleTarget(work_dir, s3=False, env=env)
     if name == "kafscale-s3":
         return KafScaleTarget(work_dir, s3=True, latency=latency, env=env)
+    if name == "kafscale-s3x3":
+        return KafScaleTarget(work_dir, s3=True, latency=latency, env=env, brokers=3)
     if name == "kafka":
         return KafkaTarget(work_dir)
-    raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+    known = ", ".join(TARGETS + SCALE_OUT_TARGETS)
+    raise ValueError(f"unknown target {name!r}; choose from {known}")
