@@ -19,7 +19,9 @@ Invariants:
   takes longer than the hand-over timeout is abandoned: ``Close`` and ``DeleteLeader`` at once.
   Not to a broker still booting (``ViewChanged.booting``): a broker restarted with the same id
   would otherwise get its partitions back as soon as it registers and keep them offline until
-  all of its processes serve; it gets them once it is ready.
+  all of its processes serve; it gets them once it is ready. Nor does the target give a booting
+  broker a partition nobody owns, unless no broker is ready (a cluster that starts, a lone
+  broker's restart); what it owns already stays with it.
 - Our own leader keys on our lease that we do not know of (a respawned coordinator) are taken
   back as owned, not claimed again; not those we just released, which a lagging view still
   shows.
@@ -246,21 +248,33 @@ class OwnerState:
 
     def _target(self, view: ViewChanged) -> dict[Partition, int]:
         """The assignment for this view, computed again only when the running brokers, the
-        topics or our draining changed (it is the costly part)."""
+        booting ones, the topics or our draining changed (it is the costly part). A booting
+        broker keeps what it owns; a partition it does not own goes to it only if no broker is
+        ready (a cluster that starts, a lone broker's restart)."""
         running = frozenset(b for b, draining in view.brokers.items() if not draining)
-        key = (running, view.topics, self.draining)
+        key = (running, view.booting, view.topics, self.draining)
         if self._goal is None or self._goal[0] != key:
             self._goal = (key, self._compute_target(view))
-        return self._goal[1]
+        goal = self._goal[1]
+        if view.booting:
+            kept = {
+                p: leader.owner
+                for p, leader in view.leaders.items()
+                if leader.owner in view.booting and leader.owner in running
+            }
+            if kept:
+                goal = {**goal, **kept}
+        return goal
 
     def _compute_target(self, view: ViewChanged) -> dict[Partition, int]:
         running = {b for b, draining in view.brokers.items() if not draining}
         if self.draining:
             running.discard(self.me)
-        else:
-            running.add(self.me)  # our registration may not be in the view yet
+        elif self.me not in view.brokers:
+            running.add(self.me)  # our registration is not in the view yet
+        ready = running - view.booting
         owners = {p: leader.owner for p, leader in view.leaders.items()}
-        return target(running, view.topics, owners)
+        return target(ready or running, view.topics, owners)
 
     @property
     def _booting(self) -> frozenset[int]:

@@ -74,7 +74,7 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
                 member = _rejoin(config, store, run_id, owned)
                 failure = None if member is not None else f"the store lock was lost: {owned.lost}"
     except KeyboardInterrupt:  # SIGTERM or SIGINT while no arbiter handles them
-        log.critical("stopped: interrupted before the broker was running")
+        log.critical("cannot start: interrupted during start-up")
         return 1
     except StartupError as exc:
         log.critical("cannot start: %s", exc)

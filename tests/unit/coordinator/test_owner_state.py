@@ -155,6 +155,23 @@ def test_a_booting_broker_claims_what_nobody_owns():
     assert out == [Claim(ALL)]
 
 
+def test_what_a_dead_broker_owned_goes_to_the_ready_ones_while_its_restart_boots():
+    # Broker 2 died and registered again (booting) before we claimed its partitions: we claim
+    # them all, or they would wait for its whole boot.
+    s = state()
+    out = s.handle(ViewChanged(5, {1: False, 2: False}, (TOPIC,), {}, booting=frozenset({2})))
+    assert out == [Claim(ALL)]
+
+
+def test_a_booting_broker_keeps_what_it_owns():
+    # Brokers 1 and 2 started together and each claimed its share while booting; 1 is ready
+    # first: 2's partitions stay with it (no churn at a cluster's start).
+    s = state()
+    theirs = {p: leader(2) for p in ALL[:3]}
+    out = s.handle(ViewChanged(5, {1: False, 2: False}, (TOPIC,), theirs, booting=frozenset({2})))
+    assert out == [Claim(ALL[3:])]
+
+
 def test_draining_hands_over_to_a_booting_broker_too():
     s = state()
     own_all(s)
