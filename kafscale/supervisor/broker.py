@@ -59,10 +59,12 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
     failure: str | None = None
     try:
         with _backends(config) as (objects, store), _store_lock(config, store, run_id) as owned:
+            current = _Current()
+            owned.keep(lambda reason: current.stop(f"the store lock was lost: {reason}"))
             member: Membership | None = _join(config, store, run_id)
             while member is not None:
                 failure, stop_requested = _serve(
-                    config, run_id, runtime_dir, objects, store, owned, member
+                    config, run_id, runtime_dir, objects, store, owned, member, current
                 )
                 if member.lost is None or owned.lost is not None or stop_requested:
                     break
@@ -94,6 +96,7 @@ def _serve(
     store: MetadataStore,
     owned: ownership.Ownership,
     member: Membership,
+    current: _Current,
 ) -> tuple[str | None, bool]:
     """Run the children on ``member``'s lease until a stop: why the broker stopped itself, if it
     did (the lock or the lease lost, a child that cannot boot), and whether a SIGTERM/SIGINT
@@ -101,10 +104,12 @@ def _serve(
     if member.node_id != config.broker_id:  # KAFSCALE_BROKER_ID=auto
         config = dataclasses.replace(config, broker_id=member.node_id)
     arbiter = Arbiter(config, run_id, runtime_dir, member.lease_id)
+    current.arbiter = arbiter
     try:
         try:
             arbiter.prepare()
-            owned.keep(lambda reason: _stop_at_once(arbiter, f"the store lock was lost: {reason}"))
+            if owned.lost is not None:  # lost between two sets of children
+                _stop_at_once(arbiter, f"the store lock was lost: {owned.lost}")
             member.keep(lambda reason: _stop_at_once(arbiter, reason))
             _supervise(config, arbiter, objects, store, member)
         finally:
@@ -192,6 +197,18 @@ def _store_lock(config: Config, store: MetadataStore, run_id: str) -> Iterator[o
         yield owned
     finally:
         owned.release()
+
+
+class _Current:
+    """The arbiter of the children running now, for the store lock's keeper (started once, it
+    outlives a rejoin's new set of children)."""
+
+    def __init__(self) -> None:
+        self.arbiter: Arbiter | None = None
+
+    def stop(self, reason: str) -> None:
+        if self.arbiter is not None:
+            _stop_at_once(self.arbiter, reason)
 
 
 def _interrupt(signum: int, _frame: object) -> NoReturn:
