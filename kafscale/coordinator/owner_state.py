@@ -48,7 +48,8 @@ class ViewChanged:
     brokers: Mapping[int, bool]  # registered node id -> draining
     topics: tuple[TopicPartitions, ...]
     leaders: Mapping[Partition, LeaderRecord]
-    # Registered brokers still booting: partitions another broker owns are not handed to them.
+    # Registered brokers still booting: nothing is handed over to them, and they are targets
+    # only of what they own, or of everything if no broker is ready (``_target``).
     booting: frozenset[int] = frozenset()
 
 
