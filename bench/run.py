@@ -172,15 +172,6 @@ def machine() -> dict[str, Any]:
             break
     mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -188,8 +179,25 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "java": java.splitlines()[0] if java else "unknown",
-        "commit": commit + ("-dirty" if dirty else ""),
+        "commit": git_commit(),
     }
+
+
+def git_commit() -> str:
+    """The checkout's short commit, ``-dirty`` with uncommitted changes to tracked files."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
 
 
 def load_average() -> str:

@@ -26,7 +26,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.run import git_commit
 from tests.chaos.faults import Exit, Fault, Outcome, RunResult, render, schedule
 from tests.harness.broker import BrokerFactory, BrokerProcess
 from tests.harness.cluster import (
@@ -404,23 +404,6 @@ def last_words(broker: BrokerProcess) -> str:
     except ValueError:
         return line.strip()
     return f"{record.get('process', '?')}: {record.get('msg', line)}"
-
-
-def git_commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return f"{head}{' (with uncommitted changes)' if dirty else ''}"
 
 
 def run_faults(

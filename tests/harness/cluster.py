@@ -110,6 +110,19 @@ def wait_for_spread(brokers: list[Any], timeout: float = 90) -> dict[int, tuple[
         time.sleep(0.5)
 
 
+def longest_gap(acked_at: dict[int, list[float]], moment: float, partitions: list[int]) -> float:
+    """The longest time ``partitions`` went without an acknowledgement after ``moment``
+    (``acked_at``: partition -> when each ack arrived): how long clients waited for them to move
+    (callbacks of acks received before the fault still come in after it, so the first ack after
+    it says nothing)."""
+    longest = 0.0
+    for p in partitions:
+        times = [t for t in acked_at[p] if t > moment - 1.0]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        longest = max(longest, *gaps, 0.0)
+    return longest
+
+
 class LoadProducer:
     """An idempotent acks=all producer sending to every partition from a thread until stopped,
     recording each acknowledgement in ``history``.
@@ -196,15 +209,7 @@ class LoadProducer:
             self.fatal = f"{err.name()}: {err.str()}"
 
     def outage(self, moment: float, partitions: list[int]) -> float:
-        """The longest time ``partitions`` went without an acknowledgement after ``moment``:
-        how long clients waited for them to move (callbacks of acks received before the
-        fault still come in after it, so the first ack after it says nothing)."""
-        longest = 0.0
-        for p in partitions:
-            times = [t for t in self.acked_at[p] if t > moment - 1.0]
-            gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-            longest = max(longest, *gaps, 0.0)
-        return longest
+        return longest_gap(self.acked_at, moment, partitions)
 
 
 class GroupReader:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import json
 import subprocess
 import threading
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.harness.clients import JavaProbe
+from tests.harness.cluster import longest_gap
 from tests.harness.history import History
 from tests.harness.procs import HarnessError
 
@@ -145,14 +145,7 @@ class JavaLoad:
             self._proc.wait()
 
     def outage(self, moment: float, partitions: list[int]) -> float:
-        """The longest time ``partitions`` went without an acknowledgement around ``moment``
-        (as LoadProducer.outage)."""
-        longest = 0.0
-        for p in partitions:
-            times = [t for t in self.acked_at[p] if t > moment - 1.0]
-            gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-            longest = max(longest, *gaps, 0.0)
-        return longest
+        return longest_gap(self.acked_at, moment, partitions)
 
     def report(self) -> str:
         code = None if self._proc is None else self._proc.poll()
