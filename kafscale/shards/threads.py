@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,13 +27,20 @@ class ReaderThreads:
         self._done: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Done]]
         self._done = queue.SimpleQueue()
         self.wakeup_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # A job still running at close() completes later on its worker: it must not write to
+        # the closed eventfd, whose number the process may already have given to another file.
+        self._open = True
+        self._open_lock = threading.Lock()
 
     def submit(self, job: Callable[..., T], args: tuple[Any, ...], done: Done) -> None:
         """Run ``job(*args)`` on a worker; ``done(result or None, error or None)`` on the loop."""
 
         def complete(future: concurrent.futures.Future[T]) -> None:
-            self._done.put((future, done))
-            os.eventfd_write(self.wakeup_fd, 1)
+            with self._open_lock:
+                if not self._open:
+                    return
+                self._done.put((future, done))
+                os.eventfd_write(self.wakeup_fd, 1)
 
         self._pool.submit(job, *args).add_done_callback(complete)
 
@@ -51,4 +59,6 @@ class ReaderThreads:
     def close(self) -> None:
         """Stop taking jobs; queued ones are cancelled, running ones end unheard."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        os.close(self.wakeup_fd)
+        with self._open_lock:
+            self._open = False
+            os.close(self.wakeup_fd)
