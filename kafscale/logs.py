@@ -12,8 +12,10 @@ are one masked JSON line instead of a raw traceback.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -66,7 +68,9 @@ class JsonFormatter(logging.Formatter):
 
 def setup(process_name: str, level: str, secrets: Iterable[str] = ()) -> None:
     """Send all logging of this process to stderr as JSON lines at ``level``, with every value in
-    ``secrets`` masked; uncaught exceptions are logged the same way."""
+    ``secrets`` masked; uncaught exceptions are logged the same way. SIGQUIT (``kill -3``, as
+    for a JVM's thread dump) writes every thread's stack to stderr as plain text and the
+    process goes on: how to see where a hung broker process is stuck."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(process_name, secrets))
     root = logging.getLogger()
@@ -76,6 +80,7 @@ def setup(process_name: str, level: str, secrets: Iterable[str] = ()) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
 
 
 def _log_uncaught(

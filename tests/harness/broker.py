@@ -13,11 +13,13 @@ and SIGKILL every process it left, even children re-parented to init.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -49,6 +51,9 @@ BROKER_ARGV = (sys.executable, "-m", "kafscale", "serve")
 PORT_VARIABLES = ("KAFSCALE_BROKER_PORT", "KAFSCALE_METRICS_PORT")
 READY_TIMEOUT = 75.0  # longer than the boot timeout below, so the broker says why it failed
 STOP_TIMEOUT = 30.0
+# A broker that does not stop is asked for its stacks (SIGQUIT) before it is killed.
+DUMP_WAIT_S = 1.0
+DUMP_TAIL_LINES = 300
 # How long children may take to vanish after the supervisor exited (e.g. multiprocessing's
 # resource tracker, which exits when its last user closes the pipe).
 LEFTOVER_GRACE = 5.0
@@ -213,10 +218,12 @@ class BrokerProcess:
         try:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self._dump_stacks()
             self.kill()
             message = f"broker pid {self.pid} did not exit within {timeout:.0f}s of SIGTERM"
-            self.problems.append(f"{message}\n{self.log_tail()}")
-            raise HarnessError(f"{message}\n{self.log_tail()}") from None
+            tail = self.log_tail(DUMP_TAIL_LINES)
+            self.problems.append(f"{message}\n{tail}")
+            raise HarnessError(f"{message}\n{tail}") from None
         self._reap_leftovers(f"after SIGTERM and exit code {code}")
         return code
 
@@ -245,6 +252,14 @@ class BrokerProcess:
         return self.problems
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _dump_stacks(self) -> None:
+        """Have every process of the broker write its threads' stacks to the log (SIGQUIT)."""
+        self._remember_tree()
+        for pid in [self.pid, *self._seen]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGQUIT)
+        time.sleep(DUMP_WAIT_S)
 
     def _remember_tree(self) -> None:
         for proc in process_tree(self._root):

@@ -2,9 +2,11 @@
 
 import json
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from botocore.exceptions import ClientError
 
@@ -78,3 +80,42 @@ def test_uncaught_exceptions_are_masked_json_lines() -> None:
     ]
     assert lines[0]["thread_name"] == "uploader"
     assert all("signature of *** does not match" in line["exception"] for line in lines)
+
+
+def test_sigquit_writes_every_threads_stack_and_the_process_goes_on() -> None:
+    script = textwrap.dedent(
+        """
+        import sys, threading, time
+        from kafscale import logs
+        logs.setup("coordinator-0", "info")
+
+        def stuck_in_a_call():
+            time.sleep(60)
+
+        threading.Thread(target=stuck_in_a_call, name="keeper", daemon=True).start()
+        print("ready", flush=True)
+        sys.stdin.readline()  # the main thread waits here until the test says go on
+        print("still running", flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGQUIT)
+        time.sleep(0.5)  # time to write the dump; the process must be there after it
+        proc.stdin.write("go on\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "still running\n"
+    assert "most recent call first" in err
+    assert "stuck_in_a_call" in err  # the other thread's stack, not only the main one's
+    assert "<module>" in err
