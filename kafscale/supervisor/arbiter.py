@@ -160,6 +160,8 @@ class Arbiter:
         self.stopping = True
         for role in reversed(BOOT_ORDER):
             group = [child for child in self.children if child.role == role and child.alive]
+            if group:
+                log.info("stopping children", extra={"role": role, "count": len(group)})
             self._stop_group(group, STOP_GRACE_SECONDS[role])
         with contextlib.suppress(FileNotFoundError):  # a next run on a new lease writes its own
             os.unlink(os.path.join(self.runtime_dir, CONFIG_FILE))
@@ -215,6 +217,11 @@ class Arbiter:
         code = os.waitstatus_to_exitcode(status)
         if code in (policy.EXIT_BOOT_FAILED, policy.EXIT_DEPENDENCY_DOWN):
             self._await_boot_notice(child)
+        if self.stopping and code != 0:
+            log.warning(
+                "child stopped with an error",
+                extra={"child": child.name, "exit": policy.describe_exit(code)},
+            )
         decision = policy.on_exit(child, code) if not self.stopping else None
         child.pid, child.ready, child.silence = 0, False, None
         if decision is None:
