@@ -271,7 +271,10 @@ def test_a_sweep_seals_sparse_partitions_reading_merged_objects_by_range(
     ]
     in_merged = [chunk for chunk in chunks if chunk.object in merged]
     others = {chunk.object for chunk in chunks if chunk.object not in merged}
-    assert len(in_merged) >= 4 * len(merged) > 0  # a merged object holds many partitions'
+    # A merged object holds several partitions' chunks: more than the two ranged GETs the sweep
+    # may spend on it (how many depends on how far the rounds got before each merge: 3.4 a
+    # merged object on average seen on a loaded machine).
+    assert len(in_merged) > 2 * len(merged) > 0
     gets_before = s3_requests(broker, "get")
     wait_for(
         lambda: (
