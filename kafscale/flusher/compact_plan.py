@@ -6,8 +6,9 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
 
 - A **run** is the partition's chunks from the oldest on, offsets contiguous, one codec (it is cut
   before a codec change), at most ``segment_bytes`` of batches (unless its first chunk alone is
-  bigger). A run is **closed** once it cannot grow: it reached ``segment_bytes``, or the chunk
-  after it does not fit, changes codec or does not continue the offsets.
+  bigger) in at most ``MAX_RUN_CHUNKS`` chunks. A run is **closed** once it cannot grow: it
+  reached ``segment_bytes`` or ``MAX_RUN_CHUNKS``, or the chunk after it does not fit, changes
+  codec or does not continue the offsets.
 - ``Seal`` is planned for a run that is closed, or whose oldest chunk is ``max_age_ms`` old;
   once one is due by age, so is every run whose oldest chunk is ``SWEEP_AGE`` of that old (a
   sweep: partitions written at one pace age together, and are sealed together). A seal only
@@ -51,6 +52,12 @@ MERGE_BYTES = 0.5  # of buffer_bytes: the size of one merged object
 # it once more costs a part of a ranged GET at its seal; sealing it smaller costs PUTs (12.5x a
 # GET): 3/4 made segments ~15% smaller than 9/10 (write-path.md, section 10).
 SEAL_SOON = 0.9
+# Chunks a run may have: a partition written by small requests (acks=all, a chunk per group
+# commit) is sealed at this many even while small and young. Every chunk is an etcd record (in
+# each process's metadata view, read by each load of the partition) and pins its write-ahead
+# object (the coordinator loads every reference at boot): the chaos run grew 21,000 chunks a
+# partition in 20 minutes and 78,000 references (54 s of coordinator boot at load 19).
+MAX_RUN_CHUNKS = 4096
 MAX_MERGED = 64  # merged chunks a partition may have (chunk records, ranges read at its seal)
 SWEEP_AGE = 0.9  # of max_age_ms: once one run is due by age, runs this old are sealed with it
 SEAL_BATCH = 64  # seals in one plan
@@ -149,6 +156,7 @@ class Summary:
     oldest_ms: int  # the first chunk's seal time (the age rule's)
     broken: bool
     paused: bool = False  # backing off after a failure
+    chunks: int = 0  # how many
 
 
 def summarize(state: PartitionState) -> Summary:
@@ -165,16 +173,18 @@ def summarize(state: PartitionState) -> Summary:
             for previous, chunk in itertools.pairwise(records)
         ),
         state.paused,
+        len(records),
     )
 
 
 def may_have_work(summaries: Iterable[Summary], limits: Limits, now_ms: int) -> bool:
     """False only if ``plan`` would return no job for these partitions (whatever the
     accumulator holds of them): no run can be closed (every partition holds less than its
-    ``segment_bytes`` in unbroken chunks) or aged, and the bytes not in merged objects stay
-    under ``MERGE_AT`` of the bound. O(partitions), where a plan is O(chunks): the compactor
-    plans only when this says so. A partition backing off after a failure (``paused``) gets no
-    job from ``plan`` either, but its bytes count against the bound."""
+    ``segment_bytes`` in fewer than ``MAX_RUN_CHUNKS`` unbroken chunks) or aged, and the bytes
+    not in merged objects stay under ``MERGE_AT`` of the bound. O(partitions), where a plan is
+    O(chunks): the compactor plans only when this says so. A partition backing off after a
+    failure (``paused``) gets no job from ``plan`` either, but its bytes count against the
+    bound."""
     demand = 0
     for summary in summaries:
         if summary.total <= 0:
@@ -183,6 +193,7 @@ def may_have_work(summaries: Iterable[Summary], limits: Limits, now_ms: int) -> 
         if not summary.paused and (
             summary.broken
             or summary.total >= summary.segment_bytes
+            or summary.chunks >= MAX_RUN_CHUNKS
             or now_ms - summary.oldest_ms >= limits.max_age_ms
         ):
             return True
@@ -201,10 +212,11 @@ def first_run(state: PartitionState) -> tuple[tuple[Chunk, ...], bool]:
             chunk.base_offset != previous.last_offset + 1
             or chunk.codec != chunks[0].record.codec
             or total + chunk.size > state.segment_bytes
+            or i >= MAX_RUN_CHUNKS
         ):
             return chunks[:i], True
         total += chunk.size
-    return chunks, total >= state.segment_bytes
+    return chunks, total >= state.segment_bytes or len(chunks) >= MAX_RUN_CHUNKS
 
 
 def readable_prefix(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:

@@ -314,6 +314,7 @@ class Accumulator:
             summary.broken
             or record.base_offset != last.last_offset + 1
             or record.codec != first.codec,
+            chunks=summary.chunks + 1,
         )
 
     def _summary(self, key: PartitionKey, part: _Partition, now: float) -> compact_plan.Summary:

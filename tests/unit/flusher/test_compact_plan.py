@@ -505,3 +505,37 @@ def test_a_plan_finds_work_only_where_the_gate_is_open(
     partitions, lim, now = case
     if plan(partitions, lim, now, paused_objects):
         assert compact_plan.may_have_work(map(compact_plan.summarize, partitions), lim, now)
+
+
+# --- the chunk bound ----------------------------------------------------------------------------
+
+
+def test_a_run_of_many_small_chunks_is_closed_at_max_run_chunks() -> None:
+    many = state("t", chunks([1] * (compact_plan.MAX_RUN_CHUNKS + 5)), segment_bytes=1 << 30)
+    run, closed = first_run(many)
+    assert len(run) == compact_plan.MAX_RUN_CHUNKS and closed
+    [seal] = seals(plan([many], limits(), NOW))  # young and small, sealed all the same
+    assert len(seal.chunks) == compact_plan.MAX_RUN_CHUNKS
+
+
+def test_the_gate_opens_at_max_run_chunks_and_not_before() -> None:
+    for count, opens in (
+        (compact_plan.MAX_RUN_CHUNKS - 1, False),
+        (compact_plan.MAX_RUN_CHUNKS, True),
+    ):
+        small = state("t", chunks([1] * count), segment_bytes=1 << 30)
+        summary = compact_plan.summarize(small)
+        assert summary.chunks == count
+        assert compact_plan.may_have_work([summary], limits(), NOW) is opens
+        assert bool(plan([small], limits(), NOW)) is opens
+
+
+def test_the_accumulators_gate_counts_chunks_as_they_come() -> None:
+    from kafscale.flusher.compact_state import Accumulator
+
+    acc = Accumulator(1 << 30, 1 << 30)
+    key = PartitionKey("t", 0)
+    for i, chunk in enumerate(chunks([1] * compact_plan.MAX_RUN_CHUNKS)):
+        assert not acc.may_have_work(limits(), NOW, 0.0)  # young, small, fewer chunks
+        acc.committed(key, TOPIC_ID, 0, chunk.record, b"x")
+        assert i < compact_plan.MAX_RUN_CHUNKS - 1 or acc.may_have_work(limits(), NOW, 0.0)
