@@ -57,9 +57,9 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
     # backend checks and the wait for the store lock may take a while.
     signal.signal(signal.SIGTERM, _interrupt)
     failure: str | None = None
+    current = _Current()
     try:
         with _backends(config) as (objects, store), _store_lock(config, store, run_id) as owned:
-            current = _Current()
             owned.keep(lambda reason: current.stop(f"the store lock was lost: {reason}"))
             member: Membership | None = _join(config, store, run_id)
             while member is not None:
@@ -73,12 +73,19 @@ def run_broker(config: Config, run_id: str, runtime_dir: str) -> int:
                 signal.signal(signal.SIGTERM, _interrupt)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 log.warning("rejoining the cluster with a new broker lease", extra={"why": failure})
+                current.rejoining = True
                 member = _rejoin(config, store, run_id, owned)
                 failure = None if member is not None else f"the store lock was lost: {owned.lost}"
     except KeyboardInterrupt:  # SIGTERM or SIGINT while no arbiter handles them
+        if current.rejoining:  # it held nothing any more: a stop like any other
+            log.info("stopped while rejoining the cluster")
+            return 0
         log.critical("cannot start: interrupted during start-up")
         return 1
     except StartupError as exc:
+        if current.rejoining and current.arbiter is not None and current.arbiter.stop_requested:
+            log.info("stopped while rejoining the cluster")
+            return 0
         log.critical("cannot start: %s", exc)
         return 1
     if failure:
@@ -201,10 +208,12 @@ def _store_lock(config: Config, store: MetadataStore, run_id: str) -> Iterator[o
 
 class _Current:
     """The arbiter of the children running now, for the store lock's keeper (started once, it
-    outlives a rejoin's new set of children)."""
+    outlives a rejoin's new set of children), and whether the broker has rejoined (a SIGTERM
+    then, before the new children serve, is a stop, not a failed start)."""
 
     def __init__(self) -> None:
         self.arbiter: Arbiter | None = None
+        self.rejoining = False  # the lease was lost once: a stop now is not a failed start
 
     def stop(self, reason: str) -> None:
         if self.arbiter is not None:

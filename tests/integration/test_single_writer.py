@@ -247,3 +247,27 @@ def test_a_broker_whose_lease_is_gone_kills_its_children_and_rejoins_in_place(
         if line.get("msg") == "stopped" and line.get("process") != "supervisor"
     ]
     assert children_stopped == []  # SIGKILLed, not drained: nothing more was written
+
+
+def test_a_sigterm_while_a_broker_rejoins_is_a_clean_stop(
+    start_broker: Callable[..., Any], etcd_server: Any
+) -> None:
+    """It held nothing any more (its children were killed with the lease): exit 0, as for any
+    stop, not the exit 1 of a start-up that was interrupted."""
+    broker = start_broker(backends="real", env=FAST_LOCK, ready=True)
+    store = EtcdMetadataStore([etcd_server.endpoint])
+    try:
+        registration = store.get(Keys(broker.env["KAFSCALE_S3_NAMESPACE"]).broker(0))
+        assert registration is not None and registration.lease_id
+    finally:
+        store.close()
+    etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoint}"]
+    revoke = [*etcdctl, "lease", "revoke", f"{registration.lease_id:x}"]
+    subprocess.run(revoke, check=True, capture_output=True, timeout=30)
+    deadline = time.monotonic() + 60
+    while "rejoining the cluster with a new broker lease" not in broker.log_text():
+        assert broker.running and time.monotonic() < deadline, broker.log_tail()
+        time.sleep(0.05)
+    assert broker.terminate() == 0  # its new children take seconds to boot: it is rejoining
+    messages = [line.get("msg") for line in log_lines(broker)]
+    assert "stopped while rejoining the cluster" in messages, broker.log_tail()
