@@ -2,8 +2,9 @@
 # Install everything and run the whole test suite: the one command the README gives.
 #   scripts/test.sh [PYTEST ARGS...]     e.g. scripts/test.sh -k harness -x
 # Steps: scripts/install-deps.sh, ruff check, ruff format --check, mypy, pytest (xdist with
-# work stealing, pytest-timeout, JUnit XML in .tools/results/junit.xml) and, after a full run, the check that
-# docs/compatibility.md's client matrix is the one this run proved (tests/compat/report.py). Every check runs even if an earlier one failed, so one run shows all
+# work stealing, pytest-timeout, JUnit XML in .tools/results/junit.xml) and, after a full run,
+# the check that docs/compatibility.md's client matrix is the one this run proved
+# (tests/compat/report.py). Every check runs even if an earlier one failed, so one run shows all
 # problems; the exit status is non-zero if any failed. pytest collecting no test (exit 5) is a
 # failure. PYTEST_WORKERS (default 2) and PYTEST_TIMEOUT (seconds per test, default 300) tune
 # pytest.

@@ -22,6 +22,7 @@ import pytest
 
 from kafscale.metadata.etcd import EtcdMetadataStore
 from kafscale.metadata.records import Keys, decode_leader
+from kafscale.metadata.store import KeyValue
 
 pytestmark = pytest.mark.integration
 
@@ -210,13 +211,9 @@ def test_a_broker_whose_lease_is_gone_kills_its_children_and_rejoins_in_place(
     store = EtcdMetadataStore([etcd_server.endpoint])
     try:
         keys = Keys(broker.env["KAFSCALE_S3_NAMESPACE"])
-        registration = store.get(keys.broker(0))
-        assert registration is not None and registration.lease_id
         leader = store.get(keys.leader(TOPIC, 0))
         assert leader is not None
-        etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoint}"]
-        revoke = [*etcdctl, "lease", "revoke", f"{registration.lease_id:x}"]
-        subprocess.run(revoke, check=True, capture_output=True, timeout=30)
+        registration = _revoke_broker_lease(broker, etcd_server, store)
         assert store.get(keys.leader(TOPIC, 0)) is None
         # It rejoins: a new lease and registration under the same id, new children that claim
         # the partition again at a newer epoch.
@@ -257,13 +254,9 @@ def test_a_sigterm_while_a_broker_rejoins_is_a_clean_stop(
     broker = start_broker(backends="real", env=FAST_LOCK, ready=True)
     store = EtcdMetadataStore([etcd_server.endpoint])
     try:
-        registration = store.get(Keys(broker.env["KAFSCALE_S3_NAMESPACE"]).broker(0))
-        assert registration is not None and registration.lease_id
+        _revoke_broker_lease(broker, etcd_server, store)
     finally:
         store.close()
-    etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoint}"]
-    revoke = [*etcdctl, "lease", "revoke", f"{registration.lease_id:x}"]
-    subprocess.run(revoke, check=True, capture_output=True, timeout=30)
     deadline = time.monotonic() + 60
     while "rejoining the cluster with a new broker lease" not in broker.log_text():
         assert broker.running and time.monotonic() < deadline, broker.log_tail()
@@ -271,3 +264,14 @@ def test_a_sigterm_while_a_broker_rejoins_is_a_clean_stop(
     assert broker.terminate() == 0  # its new children take seconds to boot: it is rejoining
     messages = [line.get("msg") for line in log_lines(broker)]
     assert "stopped while rejoining the cluster" in messages, broker.log_tail()
+
+
+def _revoke_broker_lease(broker: Any, etcd_server: Any, store: EtcdMetadataStore) -> KeyValue:
+    """End broker 0's lease behind its back (as when it was paused or cut off from etcd past its
+    TTL): every key on it goes. Returns the registration it had."""
+    registration = store.get(Keys(broker.env["KAFSCALE_S3_NAMESPACE"]).broker(0))
+    assert registration is not None and registration.lease_id
+    etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoint}"]
+    revoke = [*etcdctl, "lease", "revoke", f"{registration.lease_id:x}"]
+    subprocess.run(revoke, check=True, capture_output=True, timeout=30)
+    return registration
