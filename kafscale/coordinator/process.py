@@ -55,9 +55,9 @@ def run(ctx: ChildContext) -> None:
         store.check()
         keys = Keys(config.s3_namespace)
         cluster_id = ensure_cluster_id(store, keys)
-        # The references follow the store by a watch: other brokers commit and compact too.
+        # Counted on the chores broker only, from when it takes them (wal_gc: loaded on a
+        # thread, then followed by a watch: other brokers commit and compact too).
         refs = WalReferences(store, objects, keys)
-        refs.follow(refs.load())
         admin = TopicAdmin(
             store,
             objects,
@@ -112,11 +112,14 @@ def run(ctx: ChildContext) -> None:
             owners.tick(_now_ms())
             now_ms = time.monotonic_ns() // 1_000_000
             if chores.held(now_ms):
+                if not refs.running:
+                    refs.start()
                 retention.maybe_run()
                 refs.sweep(now_ms)
-                history.maybe_run(now_ms)
-            else:
-                refs.apply()
+                if refs.ready:  # never compact the history the references' watch starts in
+                    history.maybe_run(now_ms)
+            elif refs.running:
+                refs.stop()
 
         try:
             serve_until(

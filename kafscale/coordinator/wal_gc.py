@@ -4,11 +4,18 @@ A write-ahead object holds chunks of many partitions; each committed chunk is a 
 naming the object. The coordinator counts, per object that has a ``WalRecord``, the records that
 still reference it. Several brokers add and remove those records (each commits, compacts and
 merges the partitions it owns; retention and topic deletion run on the chores broker), so the
-counts follow the store, not this process: rebuilt at boot (``load``, which returns the revision
+counts follow the store, not this process: rebuilt from it (``load``, which returns the revision
 it read at) and kept exact by a watch on ``segments/`` and ``wal/`` from that revision
 (``follow``), which knows each chunk record's object, so a record replaced or deleted takes its
 reference away (``added``/``removed`` are the counting steps, without I/O). Events replayed from
 before a read change nothing: a put of what was read removes and adds the same reference.
+
+Only the broker holding the chores counts. It ``start``s when it takes them: the load runs on a
+thread of its own (it reads every ``WalRecord`` and the chunk records of the partitions they name:
+tens of seconds with tens of thousands of them, which must delay neither the coordinator's boot
+nor its requests), then the watch follows. ``sweep`` deletes nothing until the load is done. A
+broker that loses the chores ``stop``s counting; a watch that ends (its history compacted while
+it lagged) makes the next ``sweep`` load again.
 
 An object whose count is 0 is deleted ``WAL_GC_GRACE_MS`` after ``sweep`` first saw it so (a read
 that found its chunk just before has that long to finish), then its ``WalRecord``. Only the
@@ -26,7 +33,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 from collections import defaultdict
+from dataclasses import dataclass
 
 import msgspec
 
@@ -53,6 +62,17 @@ RETRY_MS = 5_000  # after a failed delete (S3 or the metadata store down)
 UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
 
 
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    """The counts as one read of the store found them, at ``revision``."""
+
+    revision: int
+    counts: dict[str, int]
+    record_keys: dict[str, str]
+    objects_of: dict[str, str]
+    pinned: set[str]
+
+
 class WalReferences:
     """Reference counts of the committed write-ahead objects, and their deletion at 0."""
 
@@ -77,6 +97,14 @@ class WalReferences:
         self._objects_of: dict[str, str] = {}  # chunk record key -> the object it references
         self._events: collections.deque[WatchEvent] = collections.deque()  # from the watches
         self._watches: list[Watch] = []
+        # Between start and stop (the load thread installs its counts under the lock, and only
+        # if no stop or start came meanwhile: the generation is unchanged).
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._running = False
+        self._ready = False  # counts loaded and followed: sweeps may delete
+        self._reload = False  # set by a watch that ended
+        self._stopped = threading.Event()  # wakes a load thread waiting to retry
 
     # -- counting (no I/O) ----------------------------------------------------------------------
 
@@ -132,9 +160,16 @@ class WalReferences:
     # -- I/O ------------------------------------------------------------------------------------
 
     def load(self) -> int:
-        """Rebuild the counts from the store: every WalRecord, and the segment lists of the
-        partitions their entries name (each partition read once). Returns the revision the
-        reads started at (``follow`` from there)."""
+        """Rebuild the counts from the store (``_read``); returns the revision the reads
+        started at (``follow`` from there)."""
+        counted = self._read()
+        self._install(counted)
+        return counted.revision
+
+    def _read(self) -> _Counted:
+        """Every WalRecord, and the segment lists of the partitions their entries name (each
+        partition read once), counted. No state of ours is touched: it runs on the load
+        thread."""
         revision = self.store.revision()
         record_keys: dict[str, str] = {}
         named: dict[tuple[str, int], set[str]] = defaultdict(set)
@@ -161,17 +196,80 @@ class WalReferences:
                 if segment.object in counts:
                     counts[segment.object] += 1
                     objects_of[kv.key] = segment.object
-        self._counts = counts
-        self._objects_of = objects_of
-        self._record_keys = record_keys
-        self._pinned = pinned
+        return _Counted(revision, counts, record_keys, objects_of, pinned)
+
+    def _install(self, counted: _Counted) -> None:
+        self._counts = counted.counts
+        self._objects_of = counted.objects_of
+        self._record_keys = counted.record_keys
+        self._pinned = counted.pinned
         self._since = {}
-        self._fresh = {key: None for key, count in counts.items() if count == 0}
+        self._fresh = {key: None for key, count in counted.counts.items() if count == 0}
         log.info(
             "WAL object references loaded",
-            extra={"objects": len(counts), "unreferenced": len(self._fresh), "pinned": len(pinned)},
+            extra={
+                "objects": len(counted.counts),
+                "unreferenced": len(self._fresh),
+                "pinned": len(counted.pinned),
+            },
         )
-        return revision
+
+    # -- on the chores broker -------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Between ``start`` and ``stop``."""
+        return self._running
+
+    @property
+    def ready(self) -> bool:
+        """The counts are loaded and followed: sweeps delete."""
+        return self._ready
+
+    def start(self) -> None:
+        """Load the counts on a thread of their own, then follow the store from the load's
+        revision. A failed load is tried again every ``RETRY_MS`` until ``stop``."""
+        self.stop()
+        with self._lock:
+            self._running = True
+            self._stopped = threading.Event()
+            generation = self._generation
+        threading.Thread(
+            target=self._load_and_follow,
+            args=(generation, self._stopped),
+            name="wal-gc-load",
+            daemon=True,
+        ).start()
+
+    def _load_and_follow(self, generation: int, stopped: threading.Event) -> None:
+        while True:
+            try:
+                counted = self._read()
+                break
+            except MetadataStoreError as exc:
+                log.warning("cannot load the WAL object references", extra={"error": str(exc)})
+                if stopped.wait(RETRY_MS / 1000):
+                    return
+        with self._lock:
+            if generation != self._generation:
+                return  # stopped (or restarted) meanwhile
+            self._install(counted)
+            self.follow(counted.revision)
+            self._ready = True
+
+    def stop(self) -> None:
+        """Stop counting (the chores went to another broker, or the coordinator stops): the
+        watches end, a load still running is thrown away, and the counts are forgotten."""
+        with self._lock:
+            self._generation += 1
+            self._stopped.set()
+            for watch in self._watches:
+                watch.cancel()
+            self._watches = []
+            self._events.clear()
+            self._running = self._ready = self._reload = False
+            self._counts, self._record_keys, self._objects_of = {}, {}, {}
+            self._pinned, self._fresh, self._since = set(), {}, {}
 
     def follow(self, revision: int) -> None:
         """Keep the counts exact from ``revision`` on: watch every chunk record and WalRecord
@@ -185,14 +283,9 @@ class WalReferences:
 
     def _lost(self, error: MetadataStoreError) -> None:
         # The watch ended (its history was compacted while it lagged): counts may be stale
-        # from here, so nothing is deleted until the coordinator restarts and loads again.
-        log.error("WAL references watch ended: no more deletions", extra={"error": str(error)})
-        self._retry_at = 2**62
-
-    def stop(self) -> None:
-        for watch in self._watches:
-            watch.cancel()
-        self._watches = []
+        # from here, so nothing is deleted until they are loaded again (the next sweep).
+        log.error("WAL references watch ended: loading them again", extra={"error": str(error)})
+        self._reload = True
 
     def apply(self) -> None:
         """Count what the watches delivered since the last call."""
@@ -233,7 +326,11 @@ class WalReferences:
 
     def sweep(self, now_ms: int) -> int:
         """Delete the objects at 0 for the grace period (bounded work), then their WalRecords;
-        returns how many were deleted."""
+        returns how many were deleted. Between ``start`` and the end of its load, nothing."""
+        if self._reload:
+            self.start()
+        if self._running and not self._ready:
+            return 0
         self.apply()
         if now_ms < self._retry_at:
             return 0

@@ -14,7 +14,8 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
   sweep: partitions written at one pace age together, and are sealed together). A seal only
   takes chunks it can read cheaply: held ones, and chunks of merged objects (read by range, with
   those of the plan's other seals: ``kafscale.flusher.compact_reads``); a run that lacks some
-  waits for them (``Load``).
+  waits for them (``Load``); once ``SEAL_PREFIX_CHUNKS`` leading chunks of it are readable,
+  those are sealed at once while the loads of the rest go on.
 - The merge level (section 11 of the design): while the
   bytes not in merged objects exceed ``MERGE_AT`` of ``buffer_bytes``, partitions that will seal
   soon are sealed ("memory") and the held runs of the others, oldest first, are written into one
@@ -34,7 +35,7 @@ bytes), the limits and the time in, jobs out. No I/O, no clock.
   with few ranged GETs; at most ``SEAL_BATCH`` seals, reading at most ``seal_read_bytes`` of
   merged chunks in all (at least one seal). Then at most ``max_jobs`` loads and merges, fewer by
   the seals up to ``max_jobs``. At most one seal per partition and one load per object, so the
-  jobs of one plan can run at once.
+  jobs of one plan can run at once (a load after a sealing prefix lands after it either way).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ SEAL_SOON = 0.9
 # object (the coordinator loads every reference at boot): the chaos run grew 21,000 chunks a
 # partition in 20 minutes and 78,000 references (54 s of coordinator boot at load 19).
 MAX_RUN_CHUNKS = 4096
+# Chunks of a due run that are sealed without waiting for the rest of it. A broker that takes
+# a partition over holds none of its chunks, and loads them one write-ahead object a chunk,
+# oldest first: a closed run of MAX_RUN_CHUNKS is that many GETs. When the partition moves again
+# first (the chaos run: a fault every 30-60 s), all of them are lost; sealed in steps of this
+# many, the work done so far stays done.
+SEAL_PREFIX_CHUNKS = 256
 MAX_MERGED = 64  # merged chunks a partition may have (chunk records, ranges read at its seal)
 SWEEP_AGE = 0.9  # of max_age_ms: once one run is due by age, runs this old are sealed with it
 SEAL_BATCH = 64  # seals in one plan
@@ -241,10 +248,11 @@ def plan(
     waiting: dict[PartitionKey, str] = {}
     for key, reason in wanted.items():
         run = runs[key]
-        if all(chunk.readable for chunk in run):
-            seals.append(Seal(key, _records(run), reason))
-        else:
-            waiting[key] = reason
+        prefix = readable_prefix(run)
+        if len(prefix) == len(run) or len(prefix) >= SEAL_PREFIX_CHUNKS:
+            seals.append(Seal(key, _records(prefix), reason))
+        if len(prefix) < len(run):
+            waiting[key] = reason  # loads go on beside a prefix's seal
     held = sum(chunk.size for state in partitions for chunk in state.chunks if chunk.held)
     merges: list[Job] = [merge] if merge is not None else []
     budget = max(0, limits.max_jobs - min(len(seals), limits.max_jobs) - len(merges))

@@ -296,6 +296,42 @@ def test_a_sweep_seals_sparse_partitions_reading_merged_objects_by_range(
         assert [r.value for r in committed_records(broker.env, "sparse", p)] == sent[p]
 
 
+def test_compacted_write_ahead_objects_are_deleted(start_broker: Callable[..., Any]) -> None:
+    """Once compaction has sealed every chunk, no record references the write-ahead objects
+    they were in: the broker running the chores (its references loaded on a thread after it
+    took them) deletes them after the grace period, and their WalRecords with them."""
+    from confluent_kafka import Producer
+
+    from kafscale.coordinator.wal_gc import WAL_GC_GRACE_MS
+
+    broker = start_broker(
+        env={"KAFSCALE_COMPACTION_MAX_AGE_MS": "1000"}, backends="real", ready=True
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    sent = [b"gc-%d" % i for i in range(50)]
+    for value in sent:
+        producer.produce("collected", value)
+        assert producer.flush(30) == 0  # a write-ahead object each
+    config = configuration.load(broker.env)
+    objects = open_object_store(config)
+    store = open_metadata_store(config)
+    try:
+        prefix = wal.wal_prefix(config.s3_namespace)
+        assert len(objects.list(prefix)) >= len(sent)
+        wait_for(
+            lambda: all(not e.is_chunk for e in committed_entries(broker.env, "collected", 0)),
+            60,
+            "compaction of every chunk",
+        )
+        # every record is in a segment now, and nothing else was produced
+        wait_for(lambda: not objects.list(prefix), WAL_GC_GRACE_MS / 1000 + 60, "the GC")
+        assert not list(store.get_prefix(Keys(config.s3_namespace).wal_objects))
+    finally:
+        store.close()
+        objects.close()
+    assert [r.value for r in committed_records(broker.env, "collected", 0)] == sent
+
+
 def test_the_coordinator_compacts_the_etcd_history(start_broker: Callable[..., Any]) -> None:
     """etcd keeps every revision until told: the coordinator compacts, every
     KAFSCALE_METADATA_COMPACTION_INTERVAL_MS, to the revision of the round before, so that the

@@ -3,6 +3,7 @@ and sweeping unreferenced objects after the grace period (SQLite store, local ob
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ from kafscale import config as configuration
 from kafscale.coordinator.wal_gc import RETRY_MS, SWEEP_LIMIT, WAL_GC_GRACE_MS, WalReferences
 from kafscale.metadata import open_metadata_store, records
 from kafscale.metadata.records import Keys, SegmentRecord, WalRecord
-from kafscale.metadata.store import MetadataStore
+from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.storage import open_object_store, wal
 from kafscale.storage.objects import ObjectStore, ObjectStoreUnavailable
 
@@ -259,5 +260,102 @@ def test_a_replayed_event_changes_nothing(stores: Stores) -> None:
     try:
         stores.commit(key(2), [("t", 1, 0)])
         settled(refs, stores, {key(1): 2, key(2): 1})
+    finally:
+        refs.stop()
+
+
+# -- on the chores broker: loaded on a thread, stopped, loaded again ------------------------------
+
+
+def ready(refs: WalReferences) -> None:
+    deadline = time.monotonic() + 10
+    while not refs.ready and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert refs.ready
+
+
+def test_start_loads_on_a_thread_and_sweeps_nothing_before(stores: Stores) -> None:
+    stores.commit(key(1), [("t", 0, 0)])
+    stores.commit(key(2), [("t", 1, 0)])
+    stores.store.delete(stores.keys.segment("t", 1, 0))  # key(2) is unreferenced at the load
+    refs = stores.refs()
+    assert not refs.running and not refs.ready
+    refs.start()
+    try:
+        assert refs.running
+        ready(refs)
+        assert (refs.count(key(1)), refs.count(key(2))) == (1, 0)
+        stores.commit(key(3), [("t", 2, 0)])  # followed from the load's revision
+        settled(refs, stores, {key(3): 1})
+        assert refs.sweep(0) == 0
+        assert refs.sweep(GRACE) == 1
+        assert not stores.exists(key(2)) and stores.exists(key(1))
+    finally:
+        refs.stop()
+
+
+class HeldReads:
+    """The store, whose prefix reads wait until ``release`` (a load still running)."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.released = threading.Event()
+
+    def get_prefix(self, prefix: str) -> object:
+        assert self.released.wait(10)
+        return self.store.get_prefix(prefix)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+def test_a_sweep_before_the_load_is_done_deletes_nothing(stores: Stores) -> None:
+    stores.commit(key(1), [("t", 0, 0)])
+    stores.store.delete(stores.keys.segment("t", 0, 0))
+    held = HeldReads(stores.store)
+    refs = WalReferences(held, stores.objects, stores.keys)  # type: ignore[arg-type]
+    refs.start()
+    try:
+        assert refs.sweep(0) == 0
+        assert refs.sweep(GRACE * 10) == 0
+        assert refs.running and not refs.ready
+        held.released.set()
+        ready(refs)
+        assert refs.sweep(GRACE * 10) == 0  # counted at 0 now: the grace starts
+        assert refs.sweep(GRACE * 11) == 1
+    finally:
+        refs.stop()
+    assert not stores.exists(key(1))
+
+
+def test_stop_forgets_the_counts_and_throws_away_a_load_in_flight(stores: Stores) -> None:
+    stores.commit(key(1), [("t", 0, 0)])
+    stores.store.delete(stores.keys.segment("t", 0, 0))
+    held = HeldReads(stores.store)
+    refs = WalReferences(held, stores.objects, stores.keys)  # type: ignore[arg-type]
+    refs.start()
+    refs.stop()
+    held.released.set()  # the load finishes after the stop
+    time.sleep(0.3)
+    assert not refs.running and not refs.ready
+    assert refs.count(key(1)) is None
+    assert refs.sweep(GRACE * 10) == 0  # not counting: nothing is due
+    assert refs.sweep(GRACE * 20) == 0
+    assert stores.exists(key(1))
+
+
+def test_a_watch_that_ends_makes_the_next_sweep_load_again(stores: Stores) -> None:
+    stores.commit(key(1), [("t", 0, 0)])
+    refs = stores.refs()
+    refs.start()
+    try:
+        ready(refs)
+        refs._lost(MetadataStoreError("required revision has been compacted"))
+        stores.store.delete(stores.keys.segment("t", 0, 0))
+        assert refs.sweep(0) == 0  # loading again
+        ready(refs)
+        assert refs.count(key(1)) == 0  # counted afresh from the store
+        assert refs.sweep(1) == 0
+        assert refs.sweep(GRACE + 1) == 1
     finally:
         refs.stop()

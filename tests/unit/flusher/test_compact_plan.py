@@ -539,3 +539,26 @@ def test_the_accumulators_gate_counts_chunks_as_they_come() -> None:
         assert not acc.may_have_work(limits(), NOW, 0.0)  # young, small, fewer chunks
         acc.committed(key, TOPIC_ID, 0, chunk.record, b"x")
         assert i < compact_plan.MAX_RUN_CHUNKS - 1 or acc.may_have_work(limits(), NOW, 0.0)
+
+
+def test_a_due_run_seals_its_readable_prefix_once_it_is_seal_prefix_chunks_long() -> None:
+    """A broker that took a partition over loads its chunks one object each: the loaded part
+    of a long run is sealed in steps, so a move that comes first loses no more than a step."""
+    step = compact_plan.SEAL_PREFIX_CHUNKS
+    count = compact_plan.MAX_RUN_CHUNKS + 10  # closed: due however young
+    for held, sealed in ((step - 1, 0), (step, step), (step + 7, step + 7)):
+        moved = state("t", chunks([1] * count, held=held), segment_bytes=1 << 30)
+        jobs = plan([moved], limits(), NOW)
+        assert [len(seal.chunks) for seal in seals(jobs)] == ([sealed] if sealed else [])
+        assert [seal.reason for seal in seals(jobs)] == (["full"] if sealed else [])
+        # the loads of the rest go on beside it, from the first chunk not held
+        first = loads(jobs)[0]
+        assert first.chunks == ((moved.key, 10 * held),)
+
+
+def test_a_short_due_run_waits_for_all_its_chunks() -> None:
+    aged = state("t", chunks([1] * 20, held=10), segment_bytes=1 << 30)
+    jobs = plan([aged], limits(), NOW + HOUR)
+    assert seals(jobs) == [] and len(loads(jobs)) == 8  # max_jobs loads, oldest first
+    jobs = plan([state("t", chunks([1] * 20), segment_bytes=1 << 30)], limits(), NOW + HOUR)
+    assert [len(seal.chunks) for seal in seals(jobs)] == [20]
