@@ -248,13 +248,20 @@ class WalReferences:
                 break
             except MetadataStoreError as exc:
                 log.warning("cannot load the WAL object references", extra={"error": str(exc)})
-                if stopped.wait(RETRY_MS / 1000):
-                    return
+            except Exception:  # a bug: logged, tried again (the thread must not end unseen)
+                log.exception("loading the WAL object references failed")
+            if stopped.wait(RETRY_MS / 1000):
+                return
         with self._lock:
             if generation != self._generation:
                 return  # stopped (or restarted) meanwhile
             self._install(counted)
-            self.follow(counted.revision)
+            try:
+                self.follow(counted.revision)
+            except MetadataStoreError as exc:  # the next sweep starts over
+                log.warning("cannot watch the WAL object references", extra={"error": str(exc)})
+                self._reload = True
+                return
             self._ready = True
 
     def stop(self) -> None:

@@ -359,3 +359,30 @@ def test_a_watch_that_ends_makes_the_next_sweep_load_again(stores: Stores) -> No
         assert refs.sweep(GRACE + 1) == 1
     finally:
         refs.stop()
+
+
+class FailingReads(HeldReads):
+    """The store, whose first ``failures`` prefix reads fail (an outage, then a bug)."""
+
+    def __init__(self, store: MetadataStore, failures: list[Exception]) -> None:
+        super().__init__(store)
+        self.released.set()
+        self.failures = failures
+
+    def get_prefix(self, prefix: str) -> object:
+        if self.failures:
+            raise self.failures.pop(0)
+        return self.store.get_prefix(prefix)
+
+
+def test_a_load_that_fails_is_tried_again(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kafscale.coordinator.wal_gc.RETRY_MS", 50)
+    stores.commit(key(1), [("t", 0, 0)])
+    failing = FailingReads(stores.store, [MetadataStoreError("etcd is down"), KeyError("a bug")])
+    refs = WalReferences(failing, stores.objects, stores.keys)  # type: ignore[arg-type]
+    refs.start()
+    try:
+        ready(refs)
+        assert not failing.failures and refs.count(key(1)) == 1
+    finally:
+        refs.stop()
