@@ -8,6 +8,9 @@ from enum import IntEnum
 
 
 class AclOperation(IntEnum):
+    UNKNOWN = 0  # a code this broker does not know
+    ANY = 1  # filters only (DescribeAcls, DeleteAcls)
+    ALL = 2  # in an ACL: every operation
     READ = 3
     WRITE = 4
     CREATE = 5
@@ -18,6 +21,8 @@ class AclOperation(IntEnum):
     DESCRIBE_CONFIGS = 10
     ALTER_CONFIGS = 11
     IDEMPOTENT_WRITE = 12
+    CREATE_TOKENS = 13
+    DESCRIBE_TOKENS = 14
 
 
 def _bits(*operations: AclOperation) -> int:
