@@ -220,11 +220,6 @@ class Authentication:
         self.expires_ms = now_ms + self.reauth_ms if self.reauth_ms > 0 else 0
         return AuthenticateResult(ErrorCode.none, None, step.reply, self.reauth_ms, False)
 
-    @property
-    def user(self) -> str | None:
-        """The user name the exchange in progress was given (for log lines)."""
-        return self._exchange.user if self._exchange is not None else None
-
     def _expired(self, now_ms: int) -> bool:
         return self.expires_ms > 0 and now_ms >= self.expires_ms
 

@@ -309,11 +309,16 @@ class HeldReads:
         return getattr(self.store, name)
 
 
-def test_a_sweep_before_the_load_is_done_deletes_nothing(stores: Stores) -> None:
+def unreferenced_object_held_load(stores: Stores) -> tuple[HeldReads, WalReferences]:
+    """key(1) committed and then unreferenced; references whose load waits for ``released``."""
     stores.commit(key(1), [("t", 0, 0)])
     stores.store.delete(stores.keys.segment("t", 0, 0))
     held = HeldReads(stores.store)
-    refs = WalReferences(held, stores.objects, stores.keys)  # type: ignore[arg-type]
+    return held, WalReferences(held, stores.objects, stores.keys)  # type: ignore[arg-type]
+
+
+def test_a_sweep_before_the_load_is_done_deletes_nothing(stores: Stores) -> None:
+    held, refs = unreferenced_object_held_load(stores)
     refs.start()
     try:
         assert refs.sweep(0) == 0
@@ -329,10 +334,7 @@ def test_a_sweep_before_the_load_is_done_deletes_nothing(stores: Stores) -> None
 
 
 def test_stop_forgets_the_counts_and_throws_away_a_load_in_flight(stores: Stores) -> None:
-    stores.commit(key(1), [("t", 0, 0)])
-    stores.store.delete(stores.keys.segment("t", 0, 0))
-    held = HeldReads(stores.store)
-    refs = WalReferences(held, stores.objects, stores.keys)  # type: ignore[arg-type]
+    held, refs = unreferenced_object_held_load(stores)
     refs.start()
     refs.stop()
     held.released.set()  # the load finishes after the stop

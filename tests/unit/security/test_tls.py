@@ -99,22 +99,28 @@ def test_bad_settings_are_refused(pki: Pki, kwargs: dict[str, str], message: str
         server_context(files(pki, **kwargs))
 
 
+def serving(pki: Pki, live: Path) -> None:
+    """Put ``pki``'s server certificate and key where a listener reads them."""
+    live.mkdir(exist_ok=True)
+    shutil.copy(pki.server_cert, live / "cert.pem")
+    shutil.copy(pki.server_key, live / "key.pem")
+
+
+def reloading_from(live: Path) -> ReloadingContext:
+    return ReloadingContext("EXTERNAL", TlsFiles(str(live / "cert.pem"), str(live / "key.pem")))
+
+
 def test_a_certificate_replaced_on_disk_is_served_to_the_next_handshake(
     pki: Pki, tmp_path: Path
 ) -> None:
     live = tmp_path / "live"
-    live.mkdir()
-    shutil.copy(pki.server_cert, live / "cert.pem")
-    shutil.copy(pki.server_key, live / "key.pem")
-    reloading = ReloadingContext(
-        "EXTERNAL", TlsFiles(str(live / "cert.pem"), str(live / "key.pem"))
-    )
+    serving(pki, live)
+    reloading = reloading_from(live)
     first, _ = handshake(reloading.listening, client_context(pki))
     assert not reloading.check()  # nothing changed
 
     renewed = make_pki(tmp_path / "renewed")  # a new CA and server certificate
-    shutil.copy(renewed.server_cert, live / "cert.pem")
-    shutil.copy(renewed.server_key, live / "key.pem")
+    serving(renewed, live)
     os.utime(live / "cert.pem", ns=(1, 1))  # a different mtime even within the clock's grain
     assert reloading.check() and reloading.reloads == 1
     second, _ = handshake(reloading.listening, client_context(renewed))
@@ -125,12 +131,8 @@ def test_a_certificate_replaced_on_disk_is_served_to_the_next_handshake(
 
 def test_a_broken_replacement_keeps_the_previous_certificate(pki: Pki, tmp_path: Path) -> None:
     live = tmp_path / "live"
-    live.mkdir()
-    shutil.copy(pki.server_cert, live / "cert.pem")
-    shutil.copy(pki.server_key, live / "key.pem")
-    reloading = ReloadingContext(
-        "EXTERNAL", TlsFiles(str(live / "cert.pem"), str(live / "key.pem"))
-    )
+    serving(pki, live)
+    reloading = reloading_from(live)
     (live / "key.pem").write_text("half a key")
     assert not reloading.check()
     cert, _ = handshake(reloading.listening, client_context(pki))
