@@ -15,11 +15,14 @@ every user of the machine; they come from the variable or from a file named by `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.security import listeners
+from kafscale.security.listeners import Listener, SecurityProtocol
 from kafscale.settings import (
     SETTINGS,
     SETTINGS_BY_FIELD,
@@ -64,6 +67,19 @@ class Config:
     connections_max_idle_ms: int
     connection_max_in_flight_requests: int
     connection_max_in_flight_bytes: int
+    listeners: str
+    advertised_listeners: str
+    listener_security_protocol_map: str
+    ssl_cert_file: str
+    ssl_key_file: str
+    ssl_key_password: str = dataclasses.field(repr=False)
+    ssl_ca_file: str
+    ssl_client_auth: str
+    ssl_reload_interval_ms: int
+    sasl_enabled_mechanisms: tuple[str, ...]
+    connections_max_reauth_ms: int
+    sasl_admin_user: str
+    sasl_admin_password: str = dataclasses.field(repr=False)
     metrics_port: int
     admin_token: str = dataclasses.field(repr=False)
     broker_id: int
@@ -125,6 +141,33 @@ class Config:
             return socket.getfqdn()
         return host
 
+    @functools.cached_property
+    def kafka_listeners(self) -> tuple[Listener, ...]:
+        """The Kafka listeners (``KAFSCALE_LISTENERS`` and its companions, else one PLAINTEXT
+        listener at KAFSCALE_BROKER_HOST:KAFSCALE_BROKER_PORT); checked by ``load``."""
+        if not self.listeners:
+            return (
+                Listener(
+                    "PLAINTEXT",
+                    SecurityProtocol.PLAINTEXT,
+                    self.broker_host,
+                    self.broker_port,
+                    self.advertised_listener_host,
+                    self.broker_port,
+                ),
+            )
+        return listeners.parse(
+            self.listeners,
+            self.advertised_listeners,
+            self.listener_security_protocol_map,
+            self.advertised_listener_host,
+        )
+
+    @property
+    def primary_listener(self) -> Listener:
+        """The first listener: what logs and status lines name as the broker's address."""
+        return self.kafka_listeners[0]
+
     @property
     def uses_s3(self) -> bool:
         return bool(self.s3_bucket)
@@ -166,6 +209,7 @@ class Config:
     def from_json_dict(cls, values: Mapping[str, Any]) -> Config:
         fixed = dict(values)
         fixed["etcd_endpoints"] = tuple(fixed["etcd_endpoints"])
+        fixed["sasl_enabled_mechanisms"] = tuple(fixed["sasl_enabled_mechanisms"])
         fixed["max_connections_per_ip_overrides"] = tuple(
             (str(address), int(count))
             for address, count in fixed["max_connections_per_ip_overrides"]
@@ -263,8 +307,32 @@ def _check_consistency(config: Config) -> None:
             "etcd TLS or authentication is set but KAFSCALE_ETCD_ENDPOINTS is empty: name the "
             "etcd to use"
         )
-    if config.metrics_port and config.metrics_port == config.broker_port:
-        raise ConfigError("KAFSCALE_METRICS_PORT must differ from KAFSCALE_BROKER_PORT")
+    _check_listeners(config)
+
+
+def _check_listeners(config: Config) -> None:
+    try:
+        kafka = config.kafka_listeners
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    port_setting = "KAFSCALE_LISTENERS" if config.listeners else "KAFSCALE_BROKER_PORT"
+    if config.metrics_port and config.metrics_port in {listener.port for listener in kafka}:
+        raise ConfigError(f"KAFSCALE_METRICS_PORT must differ from the ports of {port_setting}")
+    tls = any(listener.protocol.tls for listener in kafka)
+    if tls and not (config.ssl_cert_file and config.ssl_key_file):
+        raise ConfigError(
+            "an SSL or SASL_SSL listener needs KAFSCALE_SSL_CERT_FILE and KAFSCALE_SSL_KEY_FILE"
+        )
+    if config.ssl_client_auth != "none" and not config.ssl_ca_file:
+        raise ConfigError(
+            f"KAFSCALE_SSL_CLIENT_AUTH={config.ssl_client_auth} needs KAFSCALE_SSL_CA_FILE (the "
+            "CAs client certificates are checked against)"
+        )
+    if bool(config.sasl_admin_user) != bool(config.sasl_admin_password):
+        raise ConfigError(
+            "KAFSCALE_SASL_ADMIN_USER and KAFSCALE_SASL_ADMIN_PASSWORD (or "
+            "KAFSCALE_SASL_ADMIN_PASSWORD_FILE) must be set together"
+        )
 
 
 def markdown_table() -> str:

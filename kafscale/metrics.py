@@ -46,6 +46,22 @@ CONNECTIONS_CLOSED = Counter(
     "Connections the broker closed for a limit (idle: KAFSCALE_CONNECTIONS_MAX_IDLE_MS)",
     ["reason"],
 )
+TLS_HANDSHAKE_FAILURES = Counter(
+    "kafscale_tls_handshake_failures",
+    "TLS handshakes that failed or timed out, by listener",
+    ["listener"],
+)
+TLS_RELOADS = Counter(
+    "kafscale_tls_reloads",
+    "TLS certificate files reloaded after a change, by result (loaded, or failed: the "
+    "previous certificate stays)",
+    ["result"],
+)
+SASL_AUTHENTICATIONS = Counter(
+    "kafscale_sasl_authentications",
+    "SASL authentications (and re-authentications) by listener, mechanism and result",
+    ["listener", "mechanism", "result"],
+)
 CONNECTIONS_THROTTLED = Counter(
     "kafscale_connections_throttled",
     "Times a connection was not read because it held its in-flight limit (requests or bytes)",

@@ -195,6 +195,26 @@ def _address_limits(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(limits.items())
 
 
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+def _sasl_mechanisms(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(p.strip().upper() for p in text.split(",") if p.strip()))
+    for name in names:
+        if name not in SASL_MECHANISMS:
+            raise ValueError(f"{name} is not one of {', '.join(SASL_MECHANISMS)}")
+    if not names:
+        raise ValueError(f"name at least one of {', '.join(SASL_MECHANISMS)}")
+    return names
+
+
+def _user_name(text: str) -> str:
+    value = text.strip()
+    if value and (len(value) > 256 or any(c.isspace() for c in value)):
+        raise ValueError("a user name of at most 256 characters, without spaces")
+    return value
+
+
 def _idle_ms(text: str) -> int:
     value = int(text.strip())
     if value != -1 and not 1 <= value <= 2**31 - 1:
@@ -286,6 +306,97 @@ SETTINGS: tuple[Setting, ...] = (
         _size_at_least(1024),
         "Bytes of requests read and of responses not yet sent that one connection may hold; past "
         "it the broker stops reading from that connection (one larger request is still served)",
+    ),
+    Setting(
+        "listeners",
+        "",
+        _text,
+        "Kafka listeners, NAME://host:port[,...] (Kafka's listeners; an empty host binds every "
+        "interface); empty = PLAINTEXT://KAFSCALE_BROKER_HOST:KAFSCALE_BROKER_PORT. When set, "
+        "KAFSCALE_BROKER_PORT is not used",
+    ),
+    Setting(
+        "advertised_listeners",
+        "",
+        _text,
+        "Where clients are told to reach each listener, NAME://host:port[,...] (Kafka's "
+        "advertised.listeners); a listener not named is advertised at its own host:port, or at "
+        "KAFSCALE_ADVERTISED_HOST (else KAFSCALE_BROKER_HOST) when it binds every interface",
+    ),
+    Setting(
+        "listener_security_protocol_map",
+        "",
+        _text,
+        "NAME:PROTOCOL[,...], each PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (Kafka's "
+        "listener.security.protocol.map); empty = each listener's name is its protocol",
+    ),
+    Setting(
+        "ssl_cert_file",
+        "",
+        _text,
+        "PEM certificate chain the SSL and SASL_SSL listeners present (reloaded on change)",
+    ),
+    Setting(
+        "ssl_key_file",
+        "",
+        _text,
+        "PEM private key of KAFSCALE_SSL_CERT_FILE (reloaded on change)",
+    ),
+    Setting(
+        "ssl_key_password",
+        "",
+        _text,
+        "Password of KAFSCALE_SSL_KEY_FILE when it is encrypted",
+        secret=True,
+    ),
+    Setting(
+        "ssl_ca_file",
+        "",
+        _text,
+        "PEM file of the CAs client certificates are checked against (mTLS)",
+    ),
+    Setting(
+        "ssl_client_auth",
+        "none",
+        _one_of("none", "requested", "required"),
+        "Client certificates on SSL and SASL_SSL listeners (Kafka's ssl.client.auth): none, "
+        "requested or required; a verified certificate's subject is the principal on SSL",
+    ),
+    Setting(
+        "ssl_reload_interval_ms",
+        "60000",
+        _int_in(1000, 86_400_000),
+        "How often the TLS files are checked for a change; new connections get the new "
+        "certificate without a restart",
+    ),
+    Setting(
+        "sasl_enabled_mechanisms",
+        "SCRAM-SHA-512,SCRAM-SHA-256",
+        _sasl_mechanisms,
+        "SASL mechanisms of the SASL listeners: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN (Kafka's "
+        "sasl.enabled.mechanisms; PLAIN sends the password itself: use it over TLS)",
+    ),
+    Setting(
+        "connections_max_reauth_ms",
+        "0",
+        _int_in(0, 2**63 - 1),
+        "How long a SASL session lasts before the client must re-authenticate on its connection "
+        "(Kafka's connections.max.reauth.ms, KIP-368; 0 = never)",
+    ),
+    Setting(
+        "sasl_admin_user",
+        "",
+        _user_name,
+        "A SCRAM user (SHA-256 and SHA-512) created at start when it does not exist, with "
+        "KAFSCALE_SASL_ADMIN_PASSWORD; never overwritten",
+        internal=True,
+    ),
+    Setting(
+        "sasl_admin_password",
+        "",
+        _text,
+        "Password of KAFSCALE_SASL_ADMIN_USER when it is created",
+        secret=True,
     ),
     Setting(
         "metrics_port",

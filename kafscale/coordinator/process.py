@@ -31,6 +31,7 @@ from .chores import Chores
 from .commit_plan import Limits
 from .compactions import CompactionCommitter
 from .configs import ConfigAdmin
+from .credentials import CredentialAdmin
 from .group_service import TICK_MS, GroupService
 from .groups import GroupSettings
 from .history import HistoryCompactor
@@ -67,6 +68,9 @@ def run(ctx: ChildContext) -> None:
         )
         admin.resume_deletions()
         admin.grow_offsets_topic()  # before the first claims, which then include its partitions
+        credentials = CredentialAdmin(store, config.s3_namespace)
+        if config.sasl_admin_user:
+            credentials.ensure_user(config.sasl_admin_user, config.sasl_admin_password)
         limits = Limits(config.metadata_max_txn_ops, config.metadata_max_txn_bytes)
         owners = Owners(
             store,
@@ -139,6 +143,7 @@ def run(ctx: ChildContext) -> None:
                         messages.AllocateProducerId: producer_ids.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
+                        **credentials.handlers(),
                     }
                 ),
                 on_idle=on_idle,

@@ -73,6 +73,10 @@ KAFKA_NAMES: dict[str, tuple[str, ConfigType]] = {
     "offsets_topic_partitions": ("offsets.topic.num.partitions", ConfigType.INT),
     "group_min_session_timeout_ms": ("group.min.session.timeout.ms", ConfigType.INT),
     "group_max_session_timeout_ms": ("group.max.session.timeout.ms", ConfigType.INT),
+    "ssl_client_auth": ("ssl.client.auth", ConfigType.STRING),
+    "ssl_key_password": ("ssl.key.password", ConfigType.PASSWORD),
+    "sasl_enabled_mechanisms": ("sasl.enabled.mechanisms", ConfigType.LIST),
+    "connections_max_reauth_ms": ("connections.max.reauth.ms", ConfigType.LONG),
 }
 
 # Kafka broker configs whose value KafScale fixes (beyond the topic configs' broker synonyms).
@@ -131,23 +135,31 @@ def _broker_table(config: Config) -> dict[str, Described]:
         entry = _from_setting(config, setting)
         table[entry.name] = entry
     table["node.id"] = _renamed(table["broker.id"], "node.id")  # KRaft's name of broker.id
-    for name, host, fields, doc in (
+    listeners = config.kafka_listeners
+    for name, value, fields, doc in (
         (
             "listeners",
-            config.broker_host,
-            ("broker_host", "broker_port"),
-            "The Kafka listener (KAFSCALE_BROKER_HOST, KAFSCALE_BROKER_PORT).",
+            ",".join(f"{x.name}://{_host(x.host)}:{x.port}" for x in listeners),
+            ("listeners", "broker_host", "broker_port"),
+            "The Kafka listeners (KAFSCALE_LISTENERS, else KAFSCALE_BROKER_HOST and "
+            "KAFSCALE_BROKER_PORT).",
         ),
         (
             "advertised.listeners",
-            config.advertised_listener_host,
-            ("broker_host", "broker_port", "advertised_host"),
-            "The listener clients are told to use (KAFSCALE_ADVERTISED_HOST, else "
-            "KAFSCALE_BROKER_HOST; KAFSCALE_BROKER_PORT).",
+            ",".join(
+                f"{x.name}://{_host(x.advertised_host)}:{x.advertised_port}" for x in listeners
+            ),
+            ("advertised_listeners", "listeners", "broker_host", "broker_port", "advertised_host"),
+            "Where clients are told to reach each listener (KAFSCALE_ADVERTISED_LISTENERS).",
+        ),
+        (
+            "listener.security.protocol.map",
+            ",".join(f"{x.name}:{x.protocol.value}" for x in listeners),
+            ("listener_security_protocol_map", "listeners"),
+            "The security protocol of each listener (KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP).",
         ),
     ):
         static = any(_source(config, field) is STATIC for field in fields)
-        value = f"PLAINTEXT://{host}:{config.broker_port}"
         table[name] = _fixed(name, value, ConfigType.LIST, doc, STATIC if static else DEFAULT)
     for topic_config in topic_configs.SUPPORTED.values():
         if topic_config.broker_setting is None:
@@ -158,6 +170,10 @@ def _broker_table(config: Config) -> dict[str, Described]:
     for name, value, kind, doc in FIXED:
         table[name] = _fixed(name, value, kind, doc)
     return table
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 # Settings whose value "auto" the broker resolves: described as resolved (what is in effect).

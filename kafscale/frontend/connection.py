@@ -24,6 +24,15 @@ A decode error (bad frame length, garbage, unknown API key) ends the connection 
 responses to the requests before it are written, with one log line saying why. Nothing that
 happens on one connection affects another.
 
+Authentication (docs/design/security.md, section 4) is asked in one place, before a request
+starts: ``Session.auth.admit`` says whether this connection may send it now. A request it refuses
+(anything but ApiVersions and the SASL requests before a SASL client authenticated, or after its
+session expired) closes the connection with a log line, after the responses before it. The SASL
+requests themselves run one at a time: the next frame is not looked at before the previous one's
+answer changed the state, so a pipelining client cannot race the state machine; after a
+SaslHandshake v0 the next frames are bare tokens (``RAW_TOKEN``), answered bare. A failed
+authentication is answered, then the connection closes.
+
 A client that goes away (EOF or reset) will read no more responses. Its parked fetches are
 cancelled at once rather than waiting out their max wait (which would also hold up a shutdown);
 every other request still runs to its end, as in Kafka: an acks=0 produce from a client that
@@ -40,9 +49,10 @@ from dataclasses import dataclass, field
 
 from kafscale import metrics
 from kafscale.frontend import requests
-from kafscale.frontend.context import Broker
+from kafscale.frontend.context import Broker, Session
+from kafscale.frontend.handlers import sasl_authenticate
 from kafscale.frontend.limits import IdleExpiry
-from kafscale.protocol import codec
+from kafscale.protocol import codec, sasl
 from kafscale.protocol.errors import DecodeError
 from kafscale.protocol.framing import FrameDecoder
 
@@ -53,6 +63,8 @@ ABANDONABLE = {1}  # API keys safe to cut short when the client is gone: Fetch
 # one of them in flight at a time, as Kafka has every request. Clients send one Fetch per broker
 # at a time anyway; pipelined ones (a hostile client) would otherwise pin a response each.
 ONE_AT_A_TIME = {1}
+RAW_TOKEN = -2  # not an API key: a bare SASL token after a SaslHandshake v0
+SASL_STEPS = {sasl.SASL_HANDSHAKE, sasl.SASL_AUTHENTICATE, RAW_TOKEN}  # run one at a time
 READ_CHUNK = 256 * 1024
 JOIN_BELOW = 16 * 1024
 
@@ -75,8 +87,10 @@ class Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         idle: IdleExpiry[Connection] | None = None,
+        session: Session | None = None,
     ) -> None:
         self.broker = broker
+        self.session = session if session is not None else Session()
         self.reader = reader
         self.writer = writer
         peer = writer.get_extra_info("peername")
@@ -193,6 +207,7 @@ class Connection:
 
     async def _read_requests(self) -> None:
         decoder = FrameDecoder(self.broker.config)
+        decoder.unauthenticated = not self.session.auth.authenticated
         self._decoder = decoder
         try:
             while not self._closing.is_set():
@@ -205,10 +220,24 @@ class Connection:
                 self._idle.active(self, time.monotonic())
                 metrics.BYTES_IN.inc(len(data))
                 for frame in decoder.feed(data):
-                    api_key = _api_key(frame)
+                    auth = self.session.auth
+                    api_key = RAW_TOKEN if auth.raw_tokens else _api_key(frame)
+                    if api_key != RAW_TOKEN:
+                        admission = auth.admit(api_key, _now_ms())
+                        if admission.verdict is sasl.Verdict.CLOSE:
+                            self._refuse(api_key, admission.reason)
+                            return
                     if self._full(api_key in ONE_AT_A_TIME) is not None:
                         await self._wait_for_room(api_key in ONE_AT_A_TIME)
-                    self._in_flight.put_nowait(self._start(frame, api_key))
+                    request = self._start(frame, api_key)
+                    self._in_flight.put_nowait(request)
+                    if api_key in SASL_STEPS and auth.sasl:
+                        await asyncio.wait((request.task,))  # the state it leaves decides
+                        if self._closing.is_set() or auth.state is sasl.State.FAILED:
+                            self.close()  # after the answer (a failure's) is written
+                            return
+                        decoder.unauthenticated = not auth.authenticated
+                        decoder.raw = auth.raw_tokens
                 # A bad length prefix after good frames: they are answered, then we close.
                 decoder.raise_pending()
         except DecodeError as exc:
@@ -218,7 +247,7 @@ class Connection:
 
     def _start(self, frame: bytes, api_key: int) -> _Request:
         request = _Request(len(frame), api_key in ONE_AT_A_TIME)
-        request.task = task = asyncio.create_task(self._process(frame, request))
+        request.task = task = asyncio.create_task(self._process(frame, api_key, request))
         self._requests += 1
         self._large_responses += request.one_at_a_time
         self._held += request.held
@@ -253,12 +282,17 @@ class Connection:
             if task.cancel():
                 metrics.REQUESTS_ABANDONED.labels("Fetch").inc()
 
-    async def _process(self, frame: bytes, request: _Request) -> requests.Response | None:
+    async def _process(
+        self, frame: bytes, api_key: int, request: _Request
+    ) -> requests.Response | None:
         started = time.perf_counter()
-        api = _api_label(frame)
-        response = None
+        api = "SaslAuthenticate" if api_key == RAW_TOKEN else _api_label(frame)
+        response: requests.Response | None = None
         try:
-            response = await requests.process(self.broker, frame, self.peer)
+            if api_key == RAW_TOKEN:
+                response = sasl_authenticate.answer_raw(self.broker, self.session, frame, self.peer)
+            else:
+                response = await requests.process(self.broker, frame, self.peer, self.session)
             return response
         finally:
             self._finished(request, response)
@@ -301,6 +335,21 @@ class Connection:
             finally:
                 self._release(request)
 
+    def _refuse(self, api_key: int, reason: str) -> None:
+        """Close: authentication does not let this connection send ``api_key`` now."""
+        log.warning(
+            "closing connection: %s",
+            reason,
+            extra={
+                "peer": self.peer,
+                "listener": self.session.listener,
+                "api_key": api_key,
+                "principal": self.session.auth.principal,
+            },
+        )
+        metrics.REQUEST_ERRORS.labels("unauthenticated").inc()
+        self.close()
+
     def _reject(self, exc: DecodeError) -> None:
         if not self._closing.is_set():
             log.warning(
@@ -334,6 +383,10 @@ def _write_pieces(writer: asyncio.StreamWriter, pieces: list[bytes | memoryview]
 
 def _size(pieces: list[bytes | memoryview]) -> int:
     return sum(len(piece) for piece in pieces)
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 def _api_key(frame: bytes) -> int:

@@ -7,7 +7,7 @@ response (or None when the protocol sends none).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kafscale.config import Config
@@ -16,6 +16,9 @@ from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.ipc.rpc import Reply
 from kafscale.metadata.view import Snapshot
 from kafscale.protocol.codec import RequestHeader
+from kafscale.protocol.sasl import Authentication
+
+ANONYMOUS = "User:ANONYMOUS"
 
 Handle = Callable[["RequestContext", Any], Awaitable[Any]]
 
@@ -106,11 +109,26 @@ class Broker:
         return self.config.broker_id
 
 
+@dataclass(slots=True)
+class Session:
+    """What a connection knows of its client: the listener it came in on and its
+    authentication (a state machine the connection and the SASL handlers feed)."""
+
+    listener: str = "PLAINTEXT"
+    auth: Authentication = field(default_factory=lambda: Authentication(False, {}))
+
+    @property
+    def principal(self) -> str:
+        """Who the client is: its SASL user, its TLS certificate's subject, or anonymous."""
+        return self.auth.principal or ANONYMOUS
+
+
 @dataclass(frozen=True)
 class RequestContext:
     broker: Broker
     header: RequestHeader
     peer: str
+    session: Session = field(default_factory=Session)
 
     @property
     def version(self) -> int:

@@ -9,14 +9,17 @@ from __future__ import annotations
 from kafscale.frontend.context import Api
 from kafscale.frontend.handlers import (
     alter_configs,
+    alter_user_scram_credentials,
     api_versions,
     create_partitions,
     create_topics,
     delete_groups,
     delete_topics,
+    describe_client_quotas,
     describe_cluster,
     describe_configs,
     describe_groups,
+    describe_user_scram_credentials,
     fetch,
     find_coordinator,
     heartbeat,
@@ -32,6 +35,7 @@ from kafscale.frontend.handlers import (
     offset_fetch,
     offset_for_leader_epoch,
     produce,
+    sasl_authenticate,
     sasl_handshake,
     sync_group,
 )
@@ -101,6 +105,10 @@ _ADMIN_HANDLERS = (
     (create_partitions, "CreatePartitions"),
     (describe_cluster, "DescribeCluster"),
     (sasl_handshake, "SaslHandshake"),
+    (sasl_authenticate, "SaslAuthenticate"),
+    (describe_user_scram_credentials, "DescribeUserScramCredentials"),
+    (describe_client_quotas, "DescribeClientQuotas"),
+    (alter_user_scram_credentials, "AlterUserScramCredentials"),
 )
 APIS.update(
     {

@@ -4,7 +4,8 @@ Every broker answers from the same leader keys (``leaders/{topic}/{p}``: ``Snaps
 they agree: a partition is led by its key's owner at the key's leader epoch. A partition without a
 key (nobody has claimed it yet, or its owner's lease is gone), or whose owner is not a registered
 broker, has no leader: it is offline. This broker counts as registered even before its own
-registration is seen (``live_brokers``).
+registration is seen (``live_brokers``). Every broker is described at its endpoint on the listener
+the request came in on.
 
 Produce, Fetch, ListOffsets and OffsetForLeaderEpoch for a partition this broker does not lead are
 refused here, per partition and before anything reaches a shard (the shard refuses them too, and
@@ -23,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from kafscale.config import Config
 from kafscale.frontend.context import RequestContext
 from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.view import Snapshot
@@ -47,19 +51,31 @@ class Leader:
 
 
 def live_brokers(ctx: RequestContext, registered: dict[int, BrokerRecord]) -> list[BrokerRecord]:
-    """Registered brokers, by node id; this one always included, even before its registration is
-    seen (draining brokers too: connections they still hold must resolve)."""
-    config = ctx.broker.config
+    """Registered brokers, by node id, with the host and port of the listener the request came
+    in on (a broker without that listener is left out, as Kafka does); this one always included,
+    even before its registration is seen (draining brokers too: connections they still hold
+    must resolve)."""
+    listener = ctx.session.listener
     brokers = dict(registered)
-    brokers.setdefault(
-        ctx.broker.node_id,
-        BrokerRecord(
-            node_id=ctx.broker.node_id,
-            host=config.advertised_listener_host,
-            port=config.broker_port,
-        ),
+    brokers.setdefault(ctx.broker.node_id, own_record(ctx.broker.config, ctx.broker.node_id))
+    out = []
+    for node_id in sorted(brokers):
+        record = brokers[node_id]
+        endpoint = record.endpoint(listener)
+        if endpoint is not None:
+            out.append(msgspec.structs.replace(record, host=endpoint[0], port=endpoint[1]))
+    return out
+
+
+def own_record(config: Config, node_id: int) -> BrokerRecord:
+    """This broker's registration as its configuration describes it."""
+    primary = config.primary_listener
+    return BrokerRecord(
+        node_id=node_id,
+        host=primary.advertised_host,
+        port=primary.advertised_port,
+        listeners={x.name: (x.advertised_host, x.advertised_port) for x in config.kafka_listeners},
     )
-    return [brokers[node_id] for node_id in sorted(brokers)]
 
 
 class Leaders:

@@ -1,5 +1,14 @@
-"""The Kafka listener: accepts client connections within the connection limits, runs a
-``Connection`` for each, and closes the idle ones.
+"""The Kafka listeners: accept client connections within the connection limits, run a
+``Connection`` for each, and close the idle ones.
+
+Every listener of ``KAFSCALE_LISTENERS`` (``Config.kafka_listeners``) is bound; the connection
+limits are the broker's, across them all. A connection knows the listener it came in on
+(``Session.listener``), so Metadata describes the brokers at that listener's endpoints. On SSL and
+SASL_SSL listeners the TLS handshake runs right after accept, within ``TLS_HANDSHAKE_SECONDS``; a
+handshake that fails is counted (``kafscale_tls_handshake_failures_total``) and logged (one line
+per address per ``LOG_INTERVAL_SECONDS``). The certificate files are checked for a change every
+``KAFSCALE_SSL_RELOAD_INTERVAL_MS`` and, when they load, served to the handshakes that follow
+(``kafscale.security.tls.ReloadingContext``).
 
 Accepting follows Kafka's acceptor (``SocketServer`` and ``ConnectionQuotas``):
 
@@ -29,6 +38,7 @@ import socket
 import time
 
 from kafscale import metrics
+from kafscale.frontend.authn import new_session
 from kafscale.frontend.connection import Connection
 from kafscale.frontend.context import Broker
 from kafscale.frontend.limits import (
@@ -38,6 +48,7 @@ from kafscale.frontend.limits import (
     LogLimiter,
     address_key,
 )
+from kafscale.security import listeners, tls
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,7 @@ ACCEPT_RETRY_SECONDS = 1.0
 SWEEP_SECONDS = 1.0
 FILES_RESERVED = 256  # descriptors beyond client sockets: ZeroMQ, metadata store, logs
 RESOURCE_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+TLS_HANDSHAKE_SECONDS = 30.0
 
 
 class Listener:
@@ -62,6 +74,8 @@ class Listener:
         self.idle: IdleExpiry[Connection] = IdleExpiry(None if idle_ms < 0 else idle_ms / 1000)
         self.connections: set[Connection] = set()
         self._serving: set[asyncio.Task[None]] = set()
+        self.endpoints = config.kafka_listeners
+        self.tls: tls.ReloadingContext | None = None
         self._sockets: list[socket.socket] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._slot_freed = asyncio.Event()
@@ -69,12 +83,43 @@ class Listener:
         self._log_limiter = LogLimiter(LOG_INTERVAL_SECONDS)
 
     async def start(self) -> None:
-        """Bind and start accepting; raises OSError if the address cannot be bound."""
+        """Load the TLS files (if a listener needs them), bind every listener and start
+        accepting; raises OSError saying which listener or file failed."""
         config = self.broker.config
         _raise_file_limit(config.max_connections + FILES_RESERVED)
-        self._sockets = await _bind(config.broker_host, config.broker_port)
-        for listening in self._sockets:
-            self._tasks.append(asyncio.create_task(self._accept_loop(listening)))
+        if any(endpoint.protocol.tls for endpoint in self.endpoints):
+            files = tls.TlsFiles(
+                config.ssl_cert_file,
+                config.ssl_key_file,
+                config.ssl_ca_file,
+                config.ssl_client_auth,
+                config.ssl_key_password or None,
+            )
+            try:
+                self.tls = tls.ReloadingContext("kafka", files)
+            except OSError as exc:  # ssl.SSLError included
+                raise OSError(
+                    f"cannot load the TLS files {', '.join(files.paths())} "
+                    f"(KAFSCALE_SSL_CERT_FILE, KAFSCALE_SSL_KEY_FILE, KAFSCALE_SSL_CA_FILE): {exc}"
+                ) from None
+        bound: list[tuple[socket.socket, listeners.Listener]] = []
+        try:
+            for endpoint in self.endpoints:
+                try:
+                    sockets = await _bind(endpoint.host, endpoint.port)
+                except OSError as exc:
+                    raise OSError(
+                        f"cannot listen on {endpoint.name}://{endpoint.host}:{endpoint.port}: "
+                        f"{exc.strerror or exc}"
+                    ) from None
+                bound.extend((sock, endpoint) for sock in sockets)
+        except OSError:
+            for sock, _ in bound:
+                sock.close()
+            raise
+        for listening, endpoint in bound:
+            self._sockets.append(listening)
+            self._tasks.append(asyncio.create_task(self._accept_loop(listening, endpoint)))
         self._tasks.append(asyncio.create_task(self._sweep()))
 
     def stop_accepting(self) -> None:
@@ -93,7 +138,7 @@ class Listener:
             if busy:
                 log.warning("connections still busy at shutdown", extra={"count": len(busy)})
 
-    async def _accept_loop(self, listening: socket.socket) -> None:
+    async def _accept_loop(self, listening: socket.socket, endpoint: listeners.Listener) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._wait_for_slot()
@@ -104,12 +149,12 @@ class Listener:
                 continue
             host = address[0] if isinstance(address, tuple) else str(address)
             try:
-                await self._admit(sock, address_key(host))
+                await self._admit(sock, address_key(host), endpoint)
             except Exception:  # a bug here must not stop the listener for good
                 log.exception("accepting a connection failed", extra={"peer": host})
                 sock.close()
 
-    async def _admit(self, sock: socket.socket, address: str) -> None:
+    async def _admit(self, sock: socket.socket, address: str, endpoint: listeners.Listener) -> None:
         while (verdict := self.quotas.admit(address)) is Admission.OVER_MAX_CONNECTIONS:
             # Another listening socket took the last slot meanwhile: hold this one until a
             # slot frees, as Kafka's acceptor does.
@@ -129,18 +174,18 @@ class Listener:
                     },
                 )
             return
-        task = asyncio.create_task(self._serve(sock, address))
+        task = asyncio.create_task(self._serve(sock, address, endpoint))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
-    async def _serve(self, sock: socket.socket, address: str) -> None:
+    async def _serve(self, sock: socket.socket, address: str, endpoint: listeners.Listener) -> None:
         try:
-            try:
-                reader, writer = await asyncio.open_connection(sock=sock)
-            except OSError:
-                sock.close()
+            opened = await self._open(sock, address, endpoint)
+            if opened is None:
                 return
-            connection = Connection(self.broker, reader, writer, self.idle)
+            reader, writer = opened
+            session = new_session(self.broker, endpoint, writer.get_extra_info("peercert"))
+            connection = Connection(self.broker, reader, writer, self.idle, session)
             self.connections.add(connection)
             try:
                 await connection.serve()
@@ -149,6 +194,44 @@ class Listener:
         finally:
             self.quotas.release(address)
             self._slot_freed.set()
+
+    async def _open(
+        self, sock: socket.socket, address: str, endpoint: listeners.Listener
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Streams over an accepted socket, after the TLS handshake on a TLS listener; None if
+        the client went away or the handshake failed."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        context = self.tls.listening if endpoint.protocol.tls and self.tls is not None else None
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol,
+                sock,
+                ssl=context,
+                ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS if context is not None else None,
+            )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            sock.close()
+            if context is not None:
+                self._handshake_failed(endpoint, address, exc)
+            return None
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    def _handshake_failed(self, endpoint: listeners.Listener, address: str, exc: Exception) -> None:
+        metrics.TLS_HANDSHAKE_FAILURES.labels(endpoint.name).inc()
+        held_back = self._log_limiter.allow(f"tls {address}", time.monotonic())
+        if held_back is not None:
+            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+            log.warning(
+                "TLS handshake failed",
+                extra={
+                    "listener": endpoint.name,
+                    "peer": address,
+                    "reason": reason,
+                    "failures_not_logged": held_back,
+                },
+            )
 
     async def _wait_for_slot(self) -> None:
         if self.quotas.has_slot():
@@ -197,12 +280,25 @@ class Listener:
         interval = SWEEP_SECONDS
         if self.idle.max_idle is not None:
             interval = min(interval, self.idle.max_idle / 4)
+        reload_every = self.broker.config.ssl_reload_interval_ms / 1000
+        next_reload = time.monotonic() + reload_every
         while True:
             await asyncio.sleep(interval)
+            now = time.monotonic()
             try:
-                self._sweep_once(time.monotonic())
+                self._sweep_once(now)
+                if self.tls is not None and now >= next_reload:
+                    next_reload = now + reload_every
+                    self._reload_tls(self.tls)
             except Exception:  # a bug here must not end idle expiry for good
                 log.exception("connection sweep failed")
+
+    def _reload_tls(self, context: tls.ReloadingContext) -> None:
+        failures = context.failures
+        if context.check():
+            metrics.TLS_RELOADS.labels("loaded").inc()
+        elif context.failures > failures:
+            metrics.TLS_RELOADS.labels("failed").inc()
 
     def _sweep_once(self, now: float) -> None:
         for connection in self.idle.expired(now):

@@ -1,8 +1,9 @@
 """The frontend process: the Kafka listener. Owns the client sockets and nothing else.
 
-A ``Listener`` accepts connections on ``KAFSCALE_BROKER_HOST:PORT`` within the connection
-limits and runs one ``Connection`` per client; handlers answer from the watched metadata view
-and, with the write path, from the shards over ZeroMQ. It never blocks on S3 or etcd. On SIGTERM
+A ``Listener`` accepts connections on every Kafka listener (``KAFSCALE_LISTENERS``, else
+``KAFSCALE_BROKER_HOST:PORT``) within the connection limits and runs one ``Connection`` per
+client; handlers answer from the watched metadata view and, with the write path, from the shards
+over ZeroMQ. It never blocks on S3 or etcd. On SIGTERM
 it stops accepting, stops reading, answers what it has read (for at most ``DRAIN_SECONDS``) and
 exits.
 """
@@ -51,19 +52,22 @@ async def _serve(ctx: ChildContext, view: MetadataView) -> None:
     shards = ShardClients(zmq_context, ctx.runtime_dir, config.shards)
     broker = Broker(config, view, APIS, CoordinatorClient(coordinator, view), shards)
     listener = Listener(broker)
-    try:
-        await listener.start()
-    except OSError as exc:
-        raise OSError(
-            f"cannot listen on {config.broker_host}:{config.broker_port} "
-            f"(KAFSCALE_BROKER_PORT): {exc.strerror or exc}"
-        ) from None
+    await listener.start()  # OSError naming the listener or TLS file that failed
     control = AsyncRpcServer(zmq_context, ctx.address())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     pings = asyncio.create_task(_answer_pings(ctx, control))
-    log.info("listening", extra={"host": config.broker_host, "port": config.broker_port})
+    for endpoint in listener.endpoints:
+        log.info(
+            "listening",
+            extra={
+                "listener": endpoint.name,
+                "protocol": endpoint.protocol.value,
+                "host": endpoint.host,
+                "port": endpoint.port,
+            },
+        )
     ctx.ready()
     try:
         await stop.wait()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from kafscale.frontend.context import Broker, Encoded, RequestContext
+from kafscale.frontend.context import Broker, Encoded, RequestContext, Session
 from kafscale.frontend.handlers import api_versions, produce
 from kafscale.protocol import codec, legacy_produce
 from kafscale.protocol.errors import ErrorCode, MalformedRequest
@@ -33,9 +33,12 @@ PRODUCE = 0
 Response = bytes | list[bytes | memoryview]
 
 
-async def process(broker: Broker, frame: bytes, peer: str) -> Response | None:
+async def process(
+    broker: Broker, frame: bytes, peer: str, session: Session | None = None
+) -> Response | None:
     """The response frame to ``frame`` (whole, or in pieces to write in order), None if the
-    protocol sends none. Raises DecodeError."""
+    protocol sends none. Raises DecodeError. ``session``: the connection's (who the client is);
+    the connection has already admitted the request (``Session.auth.admit``)."""
     api_key, version, correlation_id = codec.peek_header(frame)
     name = codec.api_name(api_key)
     api = broker.apis.get(api_key)
@@ -67,7 +70,8 @@ async def process(broker: Broker, frame: bytes, peer: str) -> Response | None:
         response = codec.error_response(response_schema, ErrorCode.unsupported_version)
         return codec.encode_response(correlation_id, response)
     header, request = codec.decode_request(frame, schema, broker.config)
-    response = await api.handle(RequestContext(broker, header, peer), request)
+    context = RequestContext(broker, header, peer, session if session is not None else Session())
+    response = await api.handle(context, request)
     if response is None:
         return None
     if isinstance(response, Encoded):

@@ -298,6 +298,45 @@ class CreatePartitions(Message, frozen=True):
     validate_only: bool = False
 
 
+# -- SCRAM credentials (frontend -> coordinator; docs/design/security.md, section 5) ---------------
+
+
+class ScramValue(msgspec.Struct, frozen=True):
+    """A SCRAM credential: salt, StoredKey, ServerKey, iterations (never a password)."""
+
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+
+class ScramChange(msgspec.Struct, frozen=True):
+    """Set (``credential``) or delete (None) ``user``'s credential for ``mechanism``."""
+
+    user: str
+    mechanism: str
+    credential: ScramValue | None
+
+
+class AlterScramCredentials(Message, frozen=True):
+    """AlterUserScramCredentials, checked by the frontend (no user twice with one mechanism).
+    Answered with ``ScramCredentialsAltered``, one result per user in order of first mention;
+    a user's changes apply all or none."""
+
+    changes: list[ScramChange]
+
+
+class UserResult(msgspec.Struct, frozen=True):
+    user: str
+    error_code: int = 0
+    error_message: str | None = None
+
+
+class ScramCredentialsAltered(Message, frozen=True):
+    results: list[UserResult]
+    revision: int
+
+
 # -- retention (coordinator -> shard) ----------------------------------------------------------
 
 
@@ -549,6 +588,8 @@ AnyMessage = (
     | OffsetsListed
     | AlterTopicConfigs
     | CreatePartitions
+    | AlterScramCredentials
+    | ScramCredentialsAltered
     | ShardPending
     | Cut
     | CutEntries

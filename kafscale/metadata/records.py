@@ -21,8 +21,11 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
                                          (docs/design/write-path.md), deleted with the object
     /kafscale/{ns}/groups/{group}        GroupRecord: a consumer group as of its last rebalance
     /kafscale/{ns}/offsets/{group}/{topic}/{p}       OffsetRecord: a committed offset
+    /kafscale/{ns}/users/{user}/{mechanism}          ScramRecord: a user's SCRAM credential
+                                         (docs/design/security.md, section 5)
 
-Group ids may hold any character, so in keys they are percent-encoded (``/`` included).
+Group ids and user names may hold any character, so in keys they are percent-encoded (``/``
+included).
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ class BrokerRecord(msgspec.Struct, frozen=True):
     # Every process of the broker serves. Until then no other broker hands a partition over to
     # it (it may claim partitions nobody owns: a cluster that starts, a lone broker's restart).
     ready: bool = True
+    # Its Kafka listeners by name: where clients reach it on each (advertised host, port).
+    # Empty in a registration from before listeners: ``host``:``port`` is its PLAINTEXT one.
+    listeners: dict[str, tuple[str, int]] = msgspec.field(default_factory=dict)
+
+    def endpoint(self, listener: str) -> tuple[str, int] | None:
+        """Where clients of ``listener`` reach this broker; None if it has no such listener."""
+        if not self.listeners:
+            return (self.host, self.port) if listener == "PLAINTEXT" else None
+        return self.listeners.get(listener)
 
 
 WRITE_PATH_WAL = 2  # TopicRecord.write_path of a topic created with write-ahead objects
@@ -168,6 +180,15 @@ class OffsetRecord(msgspec.Struct, frozen=True):
     commit_ms: int = 0
 
 
+class ScramRecord(msgspec.Struct, frozen=True):
+    """A SCRAM credential as Kafka keeps one (RFC 5802): never the password."""
+
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+
 class Keys:
     """Key names of one cluster namespace."""
 
@@ -251,6 +272,23 @@ class Keys:
             return None
         return urllib.parse.unquote(parts[0]), parts[1], int(parts[2])
 
+    @property
+    def users(self) -> str:
+        return self.root + "users/"
+
+    def user(self, name: str, mechanism: str) -> str:
+        return f"{self.users}{_escape(name)}/{mechanism}"
+
+    def user_credentials(self, name: str) -> str:
+        return f"{self.users}{_escape(name)}/"
+
+    def parse_user(self, key: str) -> tuple[str, str] | None:
+        """(user, mechanism) of a credential key, or None."""
+        parts = key[len(self.users) :].split("/")
+        if not key.startswith(self.users) or len(parts) != 2 or not parts[0] or not parts[1]:
+            return None
+        return urllib.parse.unquote(parts[0]), parts[1]
+
 
 def _escape(group_id: str) -> str:
     return urllib.parse.quote(group_id, safe="")
@@ -266,6 +304,10 @@ encode = msgspec.json.encode
 
 def decode_broker(data: bytes) -> BrokerRecord:
     return msgspec.json.decode(data, type=BrokerRecord)
+
+
+def decode_scram(data: bytes) -> ScramRecord:
+    return msgspec.json.decode(data, type=ScramRecord)
 
 
 def decode_leader(data: bytes) -> LeaderRecord:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import msgspec
 
 from kafscale.metadata import records
-from kafscale.metadata.records import BrokerRecord, Keys, LeaderRecord, TopicRecord
+from kafscale.metadata.records import BrokerRecord, Keys, LeaderRecord, ScramRecord, TopicRecord
 from kafscale.metadata.store import (
     EventType,
     MetadataStore,
@@ -37,6 +37,8 @@ class Snapshot:
     topics: dict[str, TopicRecord] = field(default_factory=dict)
     # Each owned partition's owner and leader epoch (``leaders/``; absent: offline).
     leaders: dict[tuple[str, int], LeaderRecord] = field(default_factory=dict)
+    # SCRAM credentials by (user, mechanism) (``users/``).
+    credentials: dict[tuple[str, str], ScramRecord] = field(default_factory=dict)
 
     @functools.cached_property
     def topics_by_id(self) -> dict[str, TopicRecord]:
@@ -160,6 +162,16 @@ class MetadataView:
                 else:
                     topics.pop(name, None)
                 return replace(snapshot, revision=revision, topics=topics)
+            if key.startswith(keys.users):
+                user = keys.parse_user(key)
+                if user is None:
+                    raise ValueError("not a credential key")
+                credentials = dict(snapshot.credentials)
+                if kind is EventType.PUT:
+                    credentials[user] = records.decode_scram(value)
+                else:
+                    credentials.pop(user, None)
+                return replace(snapshot, revision=revision, credentials=credentials)
         except (ValueError, msgspec.DecodeError) as exc:
             log.error("skipping undecodable metadata record", extra={"key": key, "error": str(exc)})
         return replace(snapshot, revision=revision)

@@ -12,6 +12,11 @@ rest of it is waited for:
 
 A bad prefix after good frames in the same read does not lose them: ``feed`` returns them and
 raises on its next call (Kafka answers the requests read before the bad one).
+
+Until a SASL connection authenticates, its owner sets ``unauthenticated``: every frame is then
+held to Kafka's ``sasl.server.max.receive.size`` (``MAX_SASL_REQUEST_BYTES``), as Kafka's
+authenticator reads them. After a SaslHandshake v0 it sets ``raw``: the next frames are bare SASL
+tokens, with no request header to judge (any length from 0 up to that bound).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class FrameDecoder:
         self._expected: int | None = None  # length of the frame being read, once known
         self._api_checked = False  # whether that length was judged against its API's limit
         self._error: DecodeError | None = None  # raised on the call after the good frames
+        self.unauthenticated = False  # every frame within MAX_SASL_REQUEST_BYTES
+        self.raw = False  # frames are bare SASL tokens (after a SaslHandshake v0)
 
     @property
     def buffered(self) -> int:
@@ -66,7 +73,7 @@ class FrameDecoder:
                         self._check_length(length)
                         position += LENGTH.size
                         self._expected, self._api_checked = length, False
-                    if not self._api_checked:
+                    if not self._api_checked and not self.raw:
                         if size - position < API.size:
                             break
                         self._check_api_length(self._expected, *API.unpack_from(buffer, position))
@@ -92,6 +99,15 @@ class FrameDecoder:
             raise self._error
 
     def _check_length(self, length: int) -> None:
+        if self.unauthenticated and length > MAX_SASL_REQUEST_BYTES:
+            raise FrameTooLarge(
+                f"frame length {length} before authentication exceeds the maximum of "
+                f"{MAX_SASL_REQUEST_BYTES} bytes (Kafka's sasl.server.max.receive.size)"
+            )
+        if self.raw:
+            if length < 0:
+                raise InvalidFrameSize(f"SASL token length {length} is negative")
+            return
         if length < MIN_REQUEST_BYTES:
             raise InvalidFrameSize(
                 f"frame length {length} is below the {MIN_REQUEST_BYTES}-byte request header"

@@ -104,6 +104,7 @@ class AuthenticateResult:
     session_lifetime_ms: int  # 0: no expiry
     close: bool  # after the response is written
     log: str = ""  # why it failed, for the log line (a user name, never a secret)
+    completed: bool = False  # this token ended the exchange: ``principal`` is authenticated
 
 
 SERVE = Admission(Verdict.SERVE)
@@ -183,6 +184,17 @@ class Authentication:
     def authenticate(self, token: bytes, now_ms: int) -> AuthenticateResult:
         """A client token (from SaslAuthenticate, or a raw frame after a v0 handshake)."""
         exchange = self._exchange
+        if exchange is None and self.state is State.AUTHENTICATED:
+            # Nothing to authenticate (a listener without SASL, or no re-authentication begun):
+            # answered, and the connection stays, as Kafka's KafkaApis answers it.
+            return AuthenticateResult(
+                ErrorCode.illegal_sasl_state,
+                "SaslAuthenticate without a SaslHandshake before it",
+                b"",
+                0,
+                False,
+                "no handshake",
+            )
         if exchange is None:
             self._fail()
             return AuthenticateResult(
@@ -218,7 +230,9 @@ class Authentication:
         self._reauthenticating = False
         self.raw_tokens = False
         self.expires_ms = now_ms + self.reauth_ms if self.reauth_ms > 0 else 0
-        return AuthenticateResult(ErrorCode.none, None, step.reply, self.reauth_ms, False)
+        return AuthenticateResult(
+            ErrorCode.none, None, step.reply, self.reauth_ms, False, completed=True
+        )
 
     def _expired(self, now_ms: int) -> bool:
         return self.expires_ms > 0 and now_ms >= self.expires_ms

@@ -165,6 +165,19 @@ class ScramExchange:
         stored = hmac.digest(self.secret, b"stored:" + user.encode(), name)
         return ScramCredential(salt, stored, os.urandom(len(stored)), MIN_ITERATIONS)
 
+    def _accept_repeated_nonce(self, client_final: str) -> None:
+        """librdkafka sends the client's nonce again before the whole nonce in its final message
+        (``r=`` c-nonce + c-nonce + s-nonce). Kafka accepts a final nonce that ends with the
+        one it sent (``ScramSaslServer``), so this does too: the proof still covers the message
+        exactly as sent."""
+        expected = self._server.nonce  # scramp's Nonce (str() is its text)
+        for attribute in client_final.split(","):
+            if attribute.startswith("r="):
+                sent = attribute[2:]
+                if expected is not None and sent != str(expected) and sent.endswith(str(expected)):
+                    self._server.nonce = type(expected)(sent)
+                return
+
     def step(self, token: bytes) -> Step:
         if len(token) > MAX_TOKEN_BYTES:
             raise ExchangeFailed(f"SCRAM token of {len(token)} bytes")
@@ -175,6 +188,7 @@ class ScramExchange:
                 self._server.set_client_first(message)
                 return Step(self._server.get_server_first().encode())
             if self._round == 2:
+                self._accept_repeated_nonce(message)
                 self._server.set_client_final(message)
                 if not self._known:
                     raise ExchangeFailed("no such user")

@@ -96,6 +96,7 @@ class ReloadingContext:
         self.listening = server_context(files)
         self.listening.sni_callback = self._pick
         self.reloads = 0
+        self.failures = 0  # changes whose files did not load
 
     def _pick(self, connection: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
         connection.context = self.current
@@ -109,6 +110,7 @@ class ReloadingContext:
         try:
             fresh = server_context(self.files)
         except (OSError, ssl.SSLError, ValueError) as exc:
+            self.failures += 1
             log.error(
                 "TLS files changed but do not load: still serving the previous certificate",
                 extra={"listener": self.name, "files": self.files.paths(), "error": str(exc)},

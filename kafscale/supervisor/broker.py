@@ -136,10 +136,12 @@ def _serve(
 
 def _join(config: Config, store: MetadataStore, run_id: str) -> Membership:
     """Join the cluster (grant the broker lease, register on it). Raises StartupError."""
+    primary = config.primary_listener
     broker = BrokerRecord(
         node_id=max(config.broker_id, 0),
-        host=config.advertised_listener_host,
-        port=config.broker_port,
+        host=primary.advertised_host,
+        port=primary.advertised_port,
+        listeners={x.name: (x.advertised_host, x.advertised_port) for x in config.kafka_listeners},
         run_id=run_id,
         ready=False,  # until every child serves (set_ready)
     )
@@ -267,7 +269,10 @@ def _supervise(
         log.info(
             "broker running",
             extra={
-                "bootstrap": f"{config.broker_host}:{config.broker_port}",
+                "listeners": ",".join(
+                    f"{x.name}://{x.advertised_host}:{x.advertised_port}"
+                    for x in config.kafka_listeners
+                ),
                 "run_id": arbiter.run_id,
                 "objects": objects.description,
                 "metadata": store.description,

@@ -109,7 +109,9 @@ def owner_record(config: Config, run_id: str, lease_ttl_s: int) -> OwnerRecord:
         broker_id=config.broker_id,
         host=socket.gethostname(),
         pid=os.getpid(),
-        advertised=f"{config.advertised_listener_host}:{config.broker_port}",
+        advertised=(
+            f"{config.primary_listener.advertised_host}:{config.primary_listener.advertised_port}"
+        ),
         metrics_port=config.metrics_port,
         run_id=run_id,
         started_ms=int(time.time() * 1000),

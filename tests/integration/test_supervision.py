@@ -240,7 +240,7 @@ def test_child_that_cannot_boot_stops_the_broker_with_its_reason(
     assert code != 0
     log = broker.log_text()
     assert "frontend-0 failed to boot" in log
-    assert f"cannot listen on 127.0.0.1:{port}" in log
+    assert f"cannot listen on PLAINTEXT://127.0.0.1:{port}" in log
     assert not [pid for pid in broker.children() if os.path.exists(f"/proc/{pid}")]
 
 

@@ -121,8 +121,18 @@ def test_credentials_are_settings_without_a_flag() -> None:
         "KAFSCALE_ADMIN_TOKEN",
         "KAFSCALE_ETCD_KEY",
         "KAFSCALE_ETCD_PASSWORD",
+        "KAFSCALE_SSL_KEY_PASSWORD",
+        "KAFSCALE_SASL_ADMIN_PASSWORD",
     }
-    for field in ("s3_access_key", "s3_secret_key", "admin_token", "etcd_key", "etcd_password"):
+    for field in (
+        "s3_access_key",
+        "s3_secret_key",
+        "admin_token",
+        "etcd_key",
+        "etcd_password",
+        "ssl_key_password",
+        "sasl_admin_password",
+    ):
         with pytest.raises(ConfigError, match=r"is not accepted.*_FILE") as refused:
             load({}, {field: "exposed-value"})
         assert "exposed-value" not in str(refused.value)

@@ -2,11 +2,12 @@
 its ``__consumer_offsets`` partition (docs/design/scale-out.md, section 7).
 
 The partition is Kafka's ``abs(hashCode(group_id)) % partitions`` (``metadata.group_partition``)
-and its owner the broker its leader key names, with that broker's registered address; both come
-from this frontend's watched view. While the partition has no owner (being claimed or handed over)
-or the topic is not there yet, the answer is COORDINATOR_NOT_AVAILABLE, as Kafka answers while a
-coordinator loads: clients retry. The coordinator process decides authoritatively: a group request
-that reaches a broker whose view was ahead or behind is answered NOT_COORDINATOR there.
+and its owner the broker its leader key names, at its registered address on the request's
+listener; both come from this frontend's watched view. While the partition has no owner (being
+claimed or handed over) or the topic is not there yet, the answer is COORDINATOR_NOT_AVAILABLE, as
+Kafka answers while a coordinator loads: clients retry. The coordinator process decides
+authoritatively: a group request that reaches a broker whose view was ahead or behind is answered
+NOT_COORDINATOR there.
 
 Transaction coordinators (key type 1) and share groups (2) do not exist here: those keys get
 INVALID_REQUEST with a message, so a transactional client fails at once with a reason instead of
@@ -26,6 +27,7 @@ from typing import Any, NamedTuple
 
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers._groups import respond, schema
+from kafscale.frontend.leaders import live_brokers
 from kafscale.ipc.messages import TopicSpec
 from kafscale.metadata.group_partition import group_partition
 from kafscale.metadata.records import BrokerRecord
@@ -54,9 +56,8 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     if key_type == GROUP and any(keys):
         await _ensure_offsets_topic(ctx)
     snapshot = ctx.broker.view.snapshot
-    config = ctx.broker.config
-    me = BrokerRecord(ctx.broker.node_id, config.advertised_listener_host, config.broker_port)
-    brokers = {me.node_id: me, **snapshot.brokers}  # us even before our registration is seen
+    # At their endpoints on the request's listener; us even before our registration is seen.
+    brokers = {b.node_id: b for b in live_brokers(ctx, snapshot.brokers)}
     found = {key: coordinator(snapshot, brokers, key_type, key) for key in keys}
     if ctx.version >= BATCHED_VERSION:
         entry = element(schema(ctx, API_KEY), "coordinators")

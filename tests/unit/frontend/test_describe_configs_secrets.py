@@ -22,9 +22,12 @@ CREDENTIALS = {
     "KAFSCALE_ADMIN_TOKEN": "admin-token-0123456789",
     "KAFSCALE_ETCD_KEY": "-----BEGIN PRIVATE KEY-----\nMIIEvQIBexample\n-----END PRIVATE KEY-----",
     "KAFSCALE_ETCD_PASSWORD": "etcd-password-example",
+    "KAFSCALE_SSL_KEY_PASSWORD": "tls-key-password-example",
+    "KAFSCALE_SASL_ADMIN_PASSWORD": "admin-password-example",
 }
 LOCATIONS = {
     "KAFSCALE_S3_BUCKET": "bucket-of-record",
+    "KAFSCALE_SASL_ADMIN_USER": "admin-of-record",
     "KAFSCALE_S3_ENDPOINT": "http://minio.internal.example:9000",
     "KAFSCALE_S3_REGION": "eu-hidden-1",
     "KAFSCALE_S3_PATH_STYLE": "true",
@@ -42,6 +45,8 @@ SENSITIVE = {
     "kafscale.admin.token",
     "kafscale.etcd.key",
     "kafscale.etcd.password",
+    "ssl.key.password",
+    "kafscale.sasl.admin.password",
 }
 HIDDEN = {
     "kafscale.s3.bucket",
@@ -55,6 +60,7 @@ HIDDEN = {
     "kafscale.etcd.cert.file",
     "kafscale.etcd.username",
     "kafscale.metrics.port",
+    "kafscale.sasl.admin.user",
 }
 # Pieces of the configured values that no described value may contain.
 NEVER_SHOWN = [
@@ -92,7 +98,8 @@ def test_the_rule_classifies_the_settings() -> None:
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.env)
 def test_a_setting_named_like_a_credential_or_a_location_is_classified(setting: Any) -> None:
     """A guard for settings to come (an etcd password, a TLS key file, another endpoint)."""
-    if re.search(r"key|token|password|secret|credential", setting.field):
+    credential = re.search(r"key|token|password|secret|credential", setting.field)
+    if credential and not setting.field.endswith("_file"):  # a file's path is not its content
         assert setting.secret, f"{setting.env} looks like a credential: mark it secret=True"
     if re.search(r"endpoint|bucket|_dir$|namespace|url", setting.field):
         assert setting.internal, f"{setting.env} locates a backend: mark it internal=True"

@@ -159,10 +159,14 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
         23: (2, 4),
         32: (1, 4),
         33: (0, 2),
+        36: (0, 2),
         37: (0, 3),
         42: (0, 2),
         44: (0, 1),
         47: (0, 0),
+        48: (0, 1),
+        50: (0, 0),
+        51: (0, 0),
         60: (0, 2),
     }
 
@@ -270,11 +274,11 @@ def test_this_broker_is_listed_even_before_its_registration_is_seen() -> None:
 
 
 def test_unimplemented_api_gets_an_error_response_not_a_hang_up() -> None:
-    # SaslAuthenticate v0: known to Kafka, not implemented (no authentication).
-    request = codec.build(load_request_schema(36, 0), auth_bytes=b"")
+    # DescribeDelegationToken v1: known to Kafka, not implemented (no delegation tokens).
+    request = codec.build(load_request_schema(41, 1), owners=None)
     frame = process(make_broker(), request_frame(request, 5))
     assert frame is not None
-    correlation_id, response = decode_response(frame, 36, 0)
+    correlation_id, response = decode_response(frame, 41, 1)
     assert correlation_id == 5
     assert response.error_code == ErrorCode.unsupported_version
 

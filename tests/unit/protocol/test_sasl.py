@@ -147,6 +147,17 @@ def test_a_listener_without_sasl_starts_authenticated_and_answers_no_mechanism()
     assert auth.authenticated
 
 
+def test_a_token_without_a_handshake_is_illegal_but_an_authenticated_connection_stays() -> None:
+    plain = Authentication(False, {})
+    result = plain.authenticate(b"token", 0)
+    assert result.error is ErrorCode.illegal_sasl_state and not result.close
+    assert plain.authenticated
+    done = authenticated(sasl())
+    result = done.authenticate(b"token", 0)
+    assert result.error is ErrorCode.illegal_sasl_state and not result.close
+    assert done.authenticated and done.principal is not None
+
+
 def test_a_session_expires_and_re_authentication_renews_it() -> None:
     auth = authenticated(sasl(reauth_ms=1000), now_ms=5000)
     assert auth.admit(PRODUCE, 5999).verdict is Verdict.SERVE
