@@ -26,6 +26,7 @@ SCENARIOS = {
     "timestamp": "Consume from a timestamp",
     "group": "Consumer group: commit and rebalance",
     "admin": "Admin: describe",
+    "scram": "SCRAM-SHA-512 over TLS: authenticate, produce, consume in a group",
 }
 
 CLIENTS = {
@@ -48,6 +49,8 @@ NOT_APPLICABLE = {
     "startingOffsets=latest); endingOffsets=latest is tested",
     ("spark", "group"): "Spark's Kafka source assigns partitions itself; it commits nothing",
     ("spark", "admin"): "Spark has no admin API",
+    ("spark", "scram"): "Spark's Kafka source authenticates through kafka-clients 3.9 (its own "
+    "row); the reader is not run with SASL",
 }
 
 PROPERTY = "compat"
