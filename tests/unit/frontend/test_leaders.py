@@ -20,9 +20,9 @@ from kio.index import load_request_schema
 
 from kafscale import config as configuration
 from kafscale.frontend import requests
-from kafscale.frontend.context import Broker, RequestContext
+from kafscale.frontend.context import Broker, RequestContext, Session
 from kafscale.frontend.dispatch import APIS
-from kafscale.frontend.leaders import NO_EPOCH, NO_LEADER, Leader, Leaders
+from kafscale.frontend.leaders import NO_EPOCH, NO_LEADER, Leader, Leaders, live_brokers
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Reply
 from kafscale.metadata.records import BrokerRecord, LeaderRecord, TopicRecord
@@ -517,3 +517,34 @@ def test_offset_for_leader_epoch_leadership_and_epochs(version: int) -> None:
         response = call(broker, epochs_request(version, (OURS, current_epoch, 4)), 23)
         assert epoch_ends(response) == [(OURS, error, -1, -1)]
     assert shards(broker).sent == []
+
+
+def test_brokers_are_described_at_the_endpoint_of_the_request_s_listener() -> None:
+    """Issue 17: a broker registers every listener; a request sees the brokers at the endpoints
+    of the listener it came in on, and a broker without that listener is left out (Kafka)."""
+    config = configuration.load(
+        {
+            "KAFSCALE_BROKER_ID": "3",
+            "KAFSCALE_LISTENERS": "INTERNAL://10.0.0.3:9092,EXTERNAL://10.0.0.3:9094",
+            "KAFSCALE_ADVERTISED_LISTENERS": "EXTERNAL://b3.example.com:19094",
+            "KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:PLAINTEXT,EXTERNAL:SASL_PLAINTEXT",
+        }
+    )
+    registered = {
+        4: BrokerRecord(
+            4, "10.0.0.4", 9092, listeners={"INTERNAL": ("10.0.0.4", 9092), "EXTERNAL": ("b4", 1)}
+        ),
+        5: BrokerRecord(5, "10.0.0.5", 9092),  # registered before listeners: PLAINTEXT only
+    }
+    static = StaticView(Snapshot(brokers=registered))
+    broker = Broker(config, static, APIS, FakeCoordinator(static), cast(Any, RecordingShards()))
+
+    def seen(listener: str) -> list[tuple[int, str, int]]:
+        ctx = RequestContext(
+            broker, codec.RequestHeader(3, 12, 1, None), "test:1", Session(listener)
+        )
+        return [(b.node_id, b.host, b.port) for b in live_brokers(ctx, registered)]
+
+    assert seen("EXTERNAL") == [(3, "b3.example.com", 19094), (4, "b4", 1)]
+    assert seen("INTERNAL") == [(3, "10.0.0.3", 9092), (4, "10.0.0.4", 9092)]
+    assert seen("PLAINTEXT") == [(5, "10.0.0.5", 9092)]
