@@ -88,6 +88,8 @@ class Config:
     s3_bucket: str
     s3_region: str
     s3_endpoint: str
+    s3_ca_file: str
+    s3_require_tls: bool
     s3_path_style: bool
     s3_namespace: str
     s3_access_key: str = dataclasses.field(repr=False)
@@ -289,6 +291,13 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(
             "KAFSCALE_S3_ENDPOINT is set but KAFSCALE_S3_BUCKET is empty: name the bucket to use"
         )
+    if config.s3_require_tls and config.s3_endpoint.startswith("http://"):
+        raise ConfigError(
+            "KAFSCALE_S3_REQUIRE_TLS is set but KAFSCALE_S3_ENDPOINT is http://: use an https:// "
+            "endpoint"
+        )
+    if config.s3_ca_file and not config.s3_bucket:
+        raise ConfigError("KAFSCALE_S3_CA_FILE is set but KAFSCALE_S3_BUCKET is empty")
     if bool(config.s3_access_key) != bool(config.s3_secret_key):
         raise ConfigError("KAFSCALE_S3_ACCESS_KEY and KAFSCALE_S3_SECRET_KEY must be set together")
     if bool(config.etcd_cert_file) != bool(config.etcd_key):

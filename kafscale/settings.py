@@ -451,6 +451,22 @@ SETTINGS: tuple[Setting, ...] = (
         internal=True,
     ),
     Setting(
+        "s3_ca_file",
+        "",
+        _text,
+        "PEM bundle of the CAs an https S3 endpoint's certificate is checked against (empty = "
+        "the system's roots)",
+        internal=True,
+    ),
+    Setting(
+        "s3_require_tls",
+        "false",
+        parse_bool,
+        "Refuse to start with an http:// KAFSCALE_S3_ENDPOINT (objects and credentials would "
+        "cross the network in clear)",
+        internal=True,
+    ),
+    Setting(
         "s3_path_style",
         "false",
         parse_bool,

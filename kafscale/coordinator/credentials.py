@@ -11,8 +11,9 @@ the writes out. A user's changes apply all or none: deleting a credential the us
 fails the user with RESOURCE_NOT_FOUND, as Kafka does, and nothing of that user is written.
 
 ``ensure_user`` creates the first admin (``KAFSCALE_SASL_ADMIN_USER``) at start: a credential
-per SCRAM mechanism, each written only if absent, so a password changed since with
-``kafka-configs`` is never put back.
+per SCRAM mechanism, written only when the user has none, so a password changed or a mechanism
+deleted since with ``kafka-configs`` is never put back. (A user deleted entirely is created again
+at the next start while the variable is set: unset it once users are managed.)
 """
 
 from __future__ import annotations
@@ -126,16 +127,23 @@ class CredentialAdmin:
         return out
 
     def ensure_user(self, user: str, password: str) -> None:
-        """Create ``user``'s SCRAM credentials for each mechanism it lacks (never replaced)."""
+        """Create ``user``'s SCRAM-SHA-256 and -512 credentials when the user has none: one
+        transaction, each key compared absent. A user with any credential (one mechanism deleted
+        or changed with kafka-configs) is left alone, so a retired password never comes back."""
+        if self.store.get_prefix(self.keys.user_credentials(user)):
+            return
+        keys, puts = [], []
         for mechanism in SCRAM_MECHANISMS:
-            key = self.keys.user(user, mechanism)
             credential = from_password(mechanism, password, ADMIN_ITERATIONS)
             record = ScramRecord(
                 credential.salt, credential.stored_key, credential.server_key, credential.iterations
             )
-            txn = self.store.transaction([Compare.absent(key)], [Put(key, records.encode(record))])
-            if txn.succeeded:
-                log.info(
-                    "created the admin user's SCRAM credential (KAFSCALE_SASL_ADMIN_USER)",
-                    extra={"user": user, "mechanism": mechanism},
-                )
+            key = self.keys.user(user, mechanism)
+            keys.append(key)
+            puts.append(Put(key, records.encode(record)))
+        txn = self.store.transaction([Compare.absent(key) for key in keys], puts)
+        if txn.succeeded:
+            log.info(
+                "created the admin user's SCRAM credentials (KAFSCALE_SASL_ADMIN_USER)",
+                extra={"user": user, "mechanisms": list(SCRAM_MECHANISMS)},
+            )

@@ -43,5 +43,6 @@ def open_object_store(config: Config) -> ObjectStore:
             access_key=config.s3_access_key or None,
             secret_key=config.s3_secret_key or None,
             timeout=config.s3_timeout_ms / 1000,
+            ca_file=config.s3_ca_file or None,
         )
     return LocalObjectStore(os.path.join(config.data_dir, "segments"))

@@ -99,7 +99,10 @@ class S3ObjectStore:
         timeout: float = 10,
         max_attempts: int = 2,
         max_pool_connections: int = 32,
+        ca_file: str | None = None,
     ) -> None:
+        """``ca_file``: a PEM bundle of the CAs an https endpoint's certificate is checked
+        against, instead of the system's (a private CA in front of MinIO)."""
         self._bucket = bucket
         self._settings: dict[str, Any] = {
             "region_name": region or None,
@@ -107,6 +110,8 @@ class S3ObjectStore:
             "aws_access_key_id": access_key or None,
             "aws_secret_access_key": secret_key or None,
         }
+        if ca_file:
+            self._settings["verify"] = ca_file
         self._path_style = path_style
         # One private session for both clients (they share its loaded models); never boto3's
         # default session, which is not thread-safe.

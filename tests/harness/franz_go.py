@@ -5,6 +5,8 @@ The driver speaks JSON lines with base64 bytes (see tests/compat/go/main.go). It
 kgo's defaults (acks=all, idempotent) and a manual partitioner; it consumes by direct partition
 assignment (no group), its start offsets resolved with kadm ListOffsets (start, end, or the first
 offset at or after a timestamp: a partition without one starts at its end) before it says ready.
+`FranzGo(security=DriverSecurity(...))` connects every one of its clients with TLS and SASL
+(tests/harness/drivers.py); without, in plaintext.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.harness.drivers import AdminAndGroupCommands
+from tests.harness.drivers import AdminAndGroupCommands, DriverSecurity
 from tests.harness.paths import TOOLS_BIN
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import (
@@ -40,8 +42,9 @@ def find_franz_go() -> Path:
 class FranzGo(AdminAndGroupCommands):
     name = "franz-go"
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, security: DriverSecurity | None = None) -> None:
         self.path = str(path or find_franz_go())
+        self.security = security
 
     def produce(
         self, bootstrap: str, topic: str, records: Sequence[Record], codec: str
@@ -63,7 +66,11 @@ class FranzGo(AdminAndGroupCommands):
         argv = [self.path, "produce", "--bootstrap", bootstrap, "--topic", topic, "--codec", codec]
         try:
             result = subprocess.run(
-                argv, input=lines.encode(), capture_output=True, timeout=120, check=False
+                self.launch(argv),
+                input=lines.encode(),
+                capture_output=True,
+                timeout=120,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise HarnessError(f"franz-go produce to {topic} took over 120s") from exc
@@ -99,7 +106,10 @@ class FranzGo(AdminAndGroupCommands):
         ]  # fmt: skip
         # The driver stops by itself at the deadline; the margin covers listing offsets.
         return stream_consumed(
-            argv, f"franz-go consume {','.join(topics)} from {start}", timeout + 30, on_ready
+            self.launch(argv),
+            f"franz-go consume {','.join(topics)} from {start}",
+            timeout + 30,
+            on_ready,
         )
 
     def commands(self) -> list[str]:

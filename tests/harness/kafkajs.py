@@ -7,6 +7,8 @@ that repeat a header name apart from its other occurrences or use integer-like h
 never commits to, seeks to the offsets it resolved with the admin client, and then says "ready".
 The codecs: gzip built in, snappy from kafkajs-snappy, lz4 from kafkajs-lz4, zstd from
 @bokuweb/zstd-wasm (WebAssembly; @kafkajs/zstd's native cppzst does not build on Node 20).
+`KafkaJs(security=DriverSecurity(...))` connects every one of its clients with TLS and SASL
+(tests/harness/drivers.py); without, in plaintext.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from tests.harness.drivers import AdminAndGroupCommands
+from tests.harness.drivers import AdminAndGroupCommands, DriverSecurity
 from tests.harness.paths import ROOT
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import Ack, Consumed, OnReady, Record, Start, _compression
@@ -54,8 +56,9 @@ def _check_headers(record: Record) -> None:
 class KafkaJs(AdminAndGroupCommands):
     name = "kafkajs"
 
-    def __init__(self, node: str | None = None) -> None:
+    def __init__(self, node: str | None = None, security: DriverSecurity | None = None) -> None:
         self.node = node or find_node()
+        self.security = security
 
     def produce(
         self, bootstrap: str, topic: str, records: Sequence[Record], codec: str
@@ -71,7 +74,7 @@ class KafkaJs(AdminAndGroupCommands):
             "records": [_java_record(r) for r in records],
         }
         result = subprocess.run(
-            [self.node, str(DRIVER)],
+            self.launch([self.node, str(DRIVER)]),
             input=json.dumps(command).encode(),
             capture_output=True,
             timeout=180,
@@ -124,7 +127,7 @@ class KafkaJs(AdminAndGroupCommands):
 
         # The driver stops by itself at the deadline; the extra time covers the group's join.
         _stream(
-            [self.node, str(DRIVER), json.dumps(command)],
+            self.launch([self.node, str(DRIVER), json.dumps(command)]),
             what=f"kafkajs consume {','.join(topics)} from {start}",
             timeout=timeout + 60,
             on_line=on_line,

@@ -52,7 +52,7 @@ func admin(args []string) error {
 	flags.Var(&configs, "config", "a topic config, key=value (repeatable)")
 	flags.Parse(args)
 
-	client, err := kgo.NewClient(kgo.SeedBrokers(*bootstrap))
+	client, err := newClient(kgo.SeedBrokers(*bootstrap))
 	if err != nil {
 		return err
 	}

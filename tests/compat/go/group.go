@@ -307,7 +307,7 @@ func groupConsume(args []string) error {
 	if *instanceID != "" {
 		opts = append(opts, kgo.InstanceID(*instanceID))
 	}
-	client, err := kgo.NewClient(append(opts, extra...)...)
+	client, err := newClient(append(opts, extra...)...)
 	if err != nil {
 		return err
 	}

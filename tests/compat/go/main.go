@@ -13,6 +13,11 @@
 //	kafscale-franz-go group-consume ...   a consumer-group member (group.go)
 //	kafscale-franz-go admin ...           create and describe with pkg/kadm (admin.go)
 //
+// Every client connects as the environment says (security.go; unset: plaintext, as before):
+// KAFSCALE_DRIVER_SECURITY_PROTOCOL (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL),
+// KAFSCALE_DRIVER_CA_FILE, KAFSCALE_DRIVER_SASL_MECHANISM (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN),
+// KAFSCALE_DRIVER_SASL_USERNAME, KAFSCALE_DRIVER_SASL_PASSWORD.
+//
 // Errors go to stderr and make the exit status 1.
 package main
 
@@ -171,7 +176,7 @@ func produce(args []string) error {
 	if err != nil {
 		return err
 	}
-	client, err := kgo.NewClient(
+	client, err := newClient(
 		kgo.SeedBrokers(*bootstrap),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // the default; idempotence stays on (the default)
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
@@ -207,7 +212,7 @@ func produce(args []string) error {
 // positions resolves where each partition starts, before consuming: exact offsets, so the
 // positions are fixed once the consuming client exists.
 func positions(bootstrap string, topics []string, partitions []int32, start string) (map[string]map[int32]kgo.Offset, error) {
-	client, err := kgo.NewClient(kgo.SeedBrokers(bootstrap))
+	client, err := newClient(kgo.SeedBrokers(bootstrap))
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +277,7 @@ func consume(args []string) error {
 	if err != nil {
 		return err
 	}
-	client, err := kgo.NewClient(
+	client, err := newClient(
 		kgo.SeedBrokers(*bootstrap),
 		kgo.ConsumePartitions(offsets), // direct assignment: no group, nothing committed
 		kgo.FetchMaxPartitionBytes(maxBatchBytes),

@@ -21,6 +21,16 @@
 //
 // Binary data is base64 (B); null stays null. kafkajs logs go to stderr (stdout is the protocol).
 //
+// Security: every client (produce, consume, and group.js's members and admin) connects as the
+// environment says, read once by security() below (tests/harness/drivers.py sets it); unset, in
+// plaintext without authentication, as before. A variable the protocol does not use is refused.
+//   KAFSCALE_DRIVER_SECURITY_PROTOCOL  PLAINTEXT (the default), SSL, SASL_PLAINTEXT or SASL_SSL
+//   KAFSCALE_DRIVER_CA_FILE            SSL, SASL_SSL: PEM CA certificates to trust (default:
+//                                      Node's); the broker's name is checked against its address
+//   KAFSCALE_DRIVER_SASL_MECHANISM     SASL_*: SCRAM-SHA-512 (the default), SCRAM-SHA-256 or PLAIN
+//   KAFSCALE_DRIVER_SASL_USERNAME      SASL_*: the user (required)
+//   KAFSCALE_DRIVER_SASL_PASSWORD      SASL_*: its password
+//
 // Headers: kafkajs takes and returns a record's headers as an object (name -> value, or an
 // array of values for a repeated name), which cannot hold names repeated apart from each other
 // ("a","b","a") nor keep the order of integer-like names ("1", "7"): produce refuses such
@@ -29,6 +39,7 @@
 // they agree with the object kafkajs hands out.
 'use strict'
 
+const fs = require('fs')
 const path = require('path')
 
 // --- ordered headers: wrap kafkajs's header and record decoders before kafkajs loads them ------
@@ -125,10 +136,54 @@ const b64 = data => (data === null || data === undefined ? null : Buffer.from(da
 const unb64 = text => (text === null || text === undefined ? null : Buffer.from(text, 'base64'))
 const print = object => process.stdout.write(JSON.stringify(object) + '\n')
 
+// The kafkajs `ssl` and `sasl` options of the environment's settings (see the header); {} without.
+const PROTOCOLS = {
+  PLAINTEXT: { tls: false, sasl: false },
+  SSL: { tls: true, sasl: false },
+  SASL_PLAINTEXT: { tls: false, sasl: true },
+  SASL_SSL: { tls: true, sasl: true },
+}
+const MECHANISMS = {
+  'SCRAM-SHA-512': 'scram-sha-512',
+  'SCRAM-SHA-256': 'scram-sha-256',
+  PLAIN: 'plain',
+}
+
+function security(env = process.env) {
+  const variable = name => env[`KAFSCALE_DRIVER_${name}`] || ''
+  const protocol = variable('SECURITY_PROTOCOL') || 'PLAINTEXT'
+  const uses = PROTOCOLS[protocol]
+  if (uses === undefined) {
+    const known = Object.keys(PROTOCOLS).join(', ')
+    throw new Refused(`KAFSCALE_DRIVER_SECURITY_PROTOCOL=${protocol}: want ${known}`)
+  }
+  const caFile = variable('CA_FILE')
+  if (!uses.tls && caFile) throw new Refused(`KAFSCALE_DRIVER_CA_FILE: ${protocol} has no TLS`)
+  const saslSet = ['SASL_MECHANISM', 'SASL_USERNAME', 'SASL_PASSWORD'].filter(variable)
+  if (!uses.sasl && saslSet.length) {
+    throw new Refused(`KAFSCALE_DRIVER_${saslSet[0]}: ${protocol} has no SASL`)
+  }
+  const options = {}
+  if (uses.tls) options.ssl = caFile ? { ca: [fs.readFileSync(caFile, 'utf8')] } : true
+  if (uses.sasl) {
+    const mechanism = variable('SASL_MECHANISM') || 'SCRAM-SHA-512'
+    if (!(mechanism in MECHANISMS)) {
+      const known = Object.keys(MECHANISMS).join(', ')
+      throw new Refused(`KAFSCALE_DRIVER_SASL_MECHANISM=${mechanism}: want ${known}`)
+    }
+    const username = variable('SASL_USERNAME')
+    if (!username) throw new Refused(`KAFSCALE_DRIVER_SASL_USERNAME is required with ${protocol}`)
+    const password = variable('SASL_PASSWORD')
+    options.sasl = { mechanism: MECHANISMS[mechanism], username, password }
+  }
+  return options
+}
+
 function kafka(bootstrap, clientId) {
   return new Kafka({
     clientId,
     brokers: [bootstrap],
+    ...security(),
     logLevel: logLevel.WARN,
     logCreator:
       () =>

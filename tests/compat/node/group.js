@@ -18,6 +18,8 @@
 //     creates T, creates it again, describes the cluster, the topic, its configs and (with
 //     --group) the group and its committed offsets; prints one JSON object, the same as the
 //     franz-go driver's `admin` (tests/compat/go/admin.go).
+//
+// Both connect as the KAFSCALE_DRIVER_* environment variables say (TLS, SASL; see driver.js).
 'use strict'
 
 const { kafka, print, runMain, Refused } = require('./driver.js')

@@ -51,6 +51,8 @@ SENSITIVE = {
 HIDDEN = {
     "kafscale.s3.bucket",
     "kafscale.s3.endpoint",
+    "kafscale.s3.ca.file",
+    "kafscale.s3.require.tls",
     "kafscale.s3.region",
     "kafscale.s3.path.style",
     "kafscale.s3.namespace",

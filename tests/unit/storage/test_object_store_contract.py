@@ -5,9 +5,11 @@ Backend-specific behaviour (key validation, temp files, unreachable endpoints) f
 
 from __future__ import annotations
 
+import http.server
 import os
 import random
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -28,6 +30,7 @@ from kafscale.storage import (
     open_object_store,
 )
 from kafscale.storage.local import TEMP_PREFIX
+from tests.harness.tls import make_pki
 
 MiB = 1024 * 1024
 
@@ -380,3 +383,41 @@ def test_s3_put_retried_into_someone_elses_object_is_not_ours(
     assert s3_store.put_if_absent("ns/t/0/seg", b"ours") is False
     assert s3_store.get("ns/t/0/seg") == b"theirs"
     rival.close()
+
+
+def test_s3_over_https_checks_the_endpoint_against_the_ca_file(tmp_path: Path) -> None:
+    """KAFSCALE_S3_CA_FILE: an https endpoint signed by a private CA is trusted with that CA and
+    refused without it (a real TLS server answering HeadBucket)."""
+    pki = make_pki(tmp_path / "pki")
+
+    class Bucket(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bucket)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        trusted = S3ObjectStore(
+            "kafscale", "us-east-1", endpoint, True, "key", "secret", 2, 1, ca_file=str(pki.ca_file)
+        )
+        trusted.check()
+        trusted.close()
+        for ca_file in (str(pki.other_ca_file), None):
+            untrusted = S3ObjectStore(
+                "kafscale", "us-east-1", endpoint, True, "key", "secret", 2, 1, ca_file=ca_file
+            )
+            with pytest.raises(ObjectStoreUnavailable, match=r"certificate|SSL"):
+                untrusted.check()
+            untrusted.close()
+    finally:
+        server.shutdown()
+        server.server_close()
