@@ -82,6 +82,11 @@ class Config:
     sasl_admin_password: str = dataclasses.field(repr=False)
     metrics_port: int
     admin_token: str = dataclasses.field(repr=False)
+    metrics_tls_cert_file: str
+    metrics_tls_key_file: str
+    metrics_username: str
+    metrics_password: str = dataclasses.field(repr=False)
+    metrics_auth_health: bool
     broker_id: int
     store_lock_ttl_ms: int
     data_dir: str
@@ -317,6 +322,17 @@ def _check_consistency(config: Config) -> None:
             "etcd to use"
         )
     _check_listeners(config)
+    if bool(config.metrics_tls_cert_file) != bool(config.metrics_tls_key_file):
+        raise ConfigError(
+            "KAFSCALE_METRICS_TLS_CERT_FILE and KAFSCALE_METRICS_TLS_KEY_FILE must be set together"
+        )
+    if bool(config.metrics_username) != bool(config.metrics_password):
+        raise ConfigError(
+            "KAFSCALE_METRICS_USERNAME and KAFSCALE_METRICS_PASSWORD (or "
+            "KAFSCALE_METRICS_PASSWORD_FILE) must be set together"
+        )
+    if config.metrics_auth_health and not config.metrics_username:
+        raise ConfigError("KAFSCALE_METRICS_AUTH_HEALTH needs KAFSCALE_METRICS_USERNAME")
 
 
 def _check_listeners(config: Config) -> None:

@@ -37,10 +37,11 @@ from kafscale.ipc.rpc import RpcClient
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
+from kafscale.security.tls import TlsFiles
 from kafscale.storage import ObjectStore, open_object_store
 from kafscale.supervisor import admin, ownership
 from kafscale.supervisor.arbiter import Arbiter, StartupError
-from kafscale.supervisor.health import HealthChecker, HealthServer
+from kafscale.supervisor.health import Access, HealthChecker, HealthServer
 from kafscale.supervisor.membership import BrokerIdTaken, Membership
 
 log = logging.getLogger("kafscale.supervisor")
@@ -255,6 +256,14 @@ def _supervise(
             checker,
             config.admin_token,
             drain=lambda: admin.drain(arbiter.runtime_dir, member.set_draining, HANDOVER_WAIT_S),
+            access=Access(
+                config.metrics_username, config.metrics_password, config.metrics_auth_health
+            ),
+            tls_files=(
+                TlsFiles(config.metrics_tls_cert_file, config.metrics_tls_key_file)
+                if config.metrics_tls_cert_file
+                else None
+            ),
         )
     except OSError as exc:
         raise StartupError(

@@ -10,6 +10,13 @@ by the supervisor.
   state-changing request: it needs ``Authorization: Bearer <KAFSCALE_ADMIN_TOKEN>`` (compared in
   constant time); without a configured token it is disabled (403). Anything else is 404/501.
 
+Optionally (docs/security.md): HTTPS from ``KAFSCALE_METRICS_TLS_CERT_FILE``/``_KEY_FILE``
+(reloaded when they change, as the Kafka listeners' certificates; the handshake runs in the
+request's thread, so a slow client never holds up accepting), and HTTP basic authentication
+(``KAFSCALE_METRICS_USERNAME``/``_PASSWORD``, compared in constant time) for ``/metrics``, and
+for ``/healthz`` and ``/readyz`` too with ``KAFSCALE_METRICS_AUTH_HEALTH`` (else they stay open
+for the kubelet). A refused request gets 401 with ``WWW-Authenticate: Basic``.
+
 A ``HealthChecker`` thread pings the children over their ZeroMQ sockets and checks the backends
 every few seconds; the HTTP threads only read its last verdict, so probes never block on S3/etcd.
 Each ping's outcome is also noted on the child (``policy.note_ping``): the arbiter kills a child
@@ -18,15 +25,18 @@ that stopped answering (``KAFSCALE_CHILD_HANG_TIMEOUT_MS``).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import http.server
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
@@ -34,6 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kafscale import metrics
 from kafscale.ipc import endpoints, messages
 from kafscale.ipc.rpc import RpcClient, RpcError
+from kafscale.security import tls
 from kafscale.supervisor import admin, policy
 from kafscale.supervisor.arbiter import Child
 
@@ -133,6 +144,56 @@ class HealthChecker:
         self._backends_checked_at = time.monotonic()
 
 
+@dataclass(frozen=True)
+class Access:
+    """Who may read the metrics port: basic credentials (empty user: anyone), and whether the
+    health endpoints need them too."""
+
+    username: str = ""
+    password: str = ""
+    health_too: bool = False
+
+    def allows(self, header: str | None) -> bool:
+        if not self.username:
+            return True
+        scheme, _, given = (header or "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            pair = base64.b64decode(given.strip(), validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            return False
+        expected = hashlib.sha256(f"{self.username}:{self.password}".encode()).digest()
+        return hmac.compare_digest(hashlib.sha256(pair.encode()).digest(), expected)
+
+
+RELOAD_CHECK_SECONDS = 60.0
+HANDSHAKE_TIMEOUT_SECONDS = 10.0
+
+
+class _TlsServer(http.server.ThreadingHTTPServer):
+    """HTTPS: each accepted socket is wrapped with the current context in the request's own
+    thread (``finish_request``), its handshake bounded by a timeout; the files are looked at
+    for a change at most once per ``RELOAD_CHECK_SECONDS``."""
+
+    tls: tls.ReloadingContext
+    checked_at = 0.0
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        assert isinstance(request, socket.socket)
+        now = time.monotonic()
+        if now - self.checked_at >= RELOAD_CHECK_SECONDS:
+            self.checked_at = now
+            self.tls.check()
+        request.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
+        try:
+            wrapped = self.tls.listening.wrap_socket(request, server_side=True)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            log.debug("metrics port TLS handshake failed", extra={"error": str(exc)})
+            return
+        super().finish_request(wrapped, client_address)
+
+
 class HealthServer:
     def __init__(
         self,
@@ -141,9 +202,18 @@ class HealthServer:
         checker: HealthChecker,
         admin_token: str = "",
         drain: Callable[[], int | None] | None = None,
+        access: Access | None = None,
+        tls_files: tls.TlsFiles | None = None,
     ) -> None:
-        handler = _handler_class(checker, admin_token, drain)
-        self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
+        """Raises OSError when the port cannot be bound or the TLS files do not load."""
+        handler = _handler_class(checker, admin_token, drain, access or Access())
+        if tls_files is not None:
+            context = tls.ReloadingContext("metrics", tls_files)
+            server = _TlsServer((host, port), handler)
+            server.tls, server.checked_at = context, time.monotonic()
+            self.httpd: http.server.ThreadingHTTPServer = server
+        else:
+            self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
@@ -166,11 +236,21 @@ def authorized(header: str | None, admin_token: str) -> bool:
 
 
 def _handler_class(
-    checker: HealthChecker, admin_token: str, drain: Callable[[], int | None] | None
+    checker: HealthChecker,
+    admin_token: str,
+    drain: Callable[[], int | None] | None,
+    access: Access,
 ) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = 30  # a client that stops sending holds one thread this long at most
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            guarded = path == "/metrics" or (access.health_too and path in ("/healthz", "/readyz"))
+            if guarded and not access.allows(self.headers.get("Authorization")):
+                body = json.dumps({"error": f"GET {path} needs basic authentication"})
+                self._send(401, body.encode() + b"\n", "application/json", basic=True)
+                return
             if path == "/healthz":
                 self._send(200, b"ok\n", "text/plain")
             elif path == "/readyz":
@@ -226,11 +306,19 @@ def _handler_class(
             self._send(status, body, "application/json", bearer=status == 401)
 
         def _send(
-            self, status: int, body: bytes, content_type: str, *, bearer: bool = False
+            self,
+            status: int,
+            body: bytes,
+            content_type: str,
+            *,
+            bearer: bool = False,
+            basic: bool = False,
         ) -> None:
             self.send_response(status)
             if bearer:
                 self.send_header("WWW-Authenticate", 'Bearer realm="kafscale"')
+            if basic:
+                self.send_header("WWW-Authenticate", 'Basic realm="kafscale"')
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

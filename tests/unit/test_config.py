@@ -123,6 +123,7 @@ def test_credentials_are_settings_without_a_flag() -> None:
         "KAFSCALE_ETCD_PASSWORD",
         "KAFSCALE_SSL_KEY_PASSWORD",
         "KAFSCALE_SASL_ADMIN_PASSWORD",
+        "KAFSCALE_METRICS_PASSWORD",
     }
     for field in (
         "s3_access_key",
@@ -132,6 +133,7 @@ def test_credentials_are_settings_without_a_flag() -> None:
         "etcd_password",
         "ssl_key_password",
         "sasl_admin_password",
+        "metrics_password",
     ):
         with pytest.raises(ConfigError, match=r"is not accepted.*_FILE") as refused:
             load({}, {field: "exposed-value"})

@@ -4,8 +4,11 @@ and a refused request flushes nothing. ``kafscale flush`` sends the token from t
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from kafscale import cli
+from kafscale.security.tls import TlsFiles
 from kafscale.supervisor import admin, health
+from tests.harness.tls import make_pki
 
 TOKEN = "0123456789abcdef-admin"
 LEAKY = "ConnectTimeout: http://10.1.2.3:9000/bucket-of-record AKIAIOSFODNN7EXAMPLE"
@@ -215,3 +220,71 @@ def test_drain_needs_the_token_and_answers_what_is_left(tmp_path: Path) -> None:
 def test_a_server_without_a_drain_has_no_drain(with_token: str) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     assert request(with_token + "/drain", "POST", auth)[0] == 404
+
+
+# -- HTTPS and basic authentication (issue 17) ------------------------------------------------
+
+
+@contextlib.contextmanager
+def secured(
+    runtime_dir: Path, access: health.Access, tls_files: TlsFiles | None = None
+) -> Iterator[tuple[str, int]]:
+    checker = health.HealthChecker(str(runtime_dir), [], {})
+    server = health.HealthServer("127.0.0.1", 0, checker, access=access, tls_files=tls_files)
+    server.start()
+    try:
+        yield "127.0.0.1", int(server.httpd.server_address[1])
+    finally:
+        server.stop()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_basic_authentication_guards_metrics_and_leaves_health_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    samples = tmp_path / "samples"  # the supervisor's prometheus multiprocess directory
+    samples.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(samples))
+    with secured(tmp_path, health.Access("prometheus", "scrape-secret")) as (host, port):
+        url = f"http://{host}:{port}"
+        status, headers, _ = request(f"{url}/metrics")
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+        assert request(f"{url}/metrics", headers=basic("prometheus", "wrong"))[0] == 401
+        assert request(f"{url}/metrics", headers=basic("other", "scrape-secret"))[0] == 401
+        assert request(f"{url}/metrics", headers={"Authorization": "Basic !!"})[0] == 401
+        status, _, body = request(f"{url}/metrics", headers=basic("prometheus", "scrape-secret"))
+        assert status == 200 and body is not None
+        assert request(f"{url}/healthz")[0] == 200  # the kubelet's probes need no credentials
+
+
+def test_basic_authentication_can_guard_health_too(tmp_path: Path) -> None:
+    with secured(tmp_path, health.Access("ops", "ops-secret", health_too=True)) as (host, port):
+        url = f"http://{host}:{port}"
+        assert request(f"{url}/healthz")[0] == 401
+        assert request(f"{url}/readyz")[0] == 401
+        assert request(f"{url}/healthz", headers=basic("ops", "ops-secret"))[0] == 200
+
+
+def test_the_metrics_port_serves_https(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    files = TlsFiles(str(pki.server_cert), str(pki.server_key))
+    with secured(tmp_path, health.Access(), files) as (host, port):
+        trusted = ssl.create_default_context(cafile=str(pki.ca_file))
+        with urllib.request.urlopen(f"https://{host}:{port}/healthz", context=trusted) as answer:
+            assert answer.status == 200
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: refused
+            urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=10)
+        stranger = ssl.create_default_context(cafile=str(pki.other_ca_file))
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"https://{host}:{port}/healthz", context=stranger)
+        # A client that connects and sends nothing does not hold up the others.
+        with (
+            socket.create_connection((host, port)),
+            urllib.request.urlopen(
+                f"https://{host}:{port}/healthz", context=trusted, timeout=10
+            ) as answer,
+        ):
+            assert answer.status == 200

@@ -24,10 +24,12 @@ CREDENTIALS = {
     "KAFSCALE_ETCD_PASSWORD": "etcd-password-example",
     "KAFSCALE_SSL_KEY_PASSWORD": "tls-key-password-example",
     "KAFSCALE_SASL_ADMIN_PASSWORD": "admin-password-example",
+    "KAFSCALE_METRICS_PASSWORD": "metrics-password-example",
 }
 LOCATIONS = {
     "KAFSCALE_S3_BUCKET": "bucket-of-record",
     "KAFSCALE_SASL_ADMIN_USER": "admin-of-record",
+    "KAFSCALE_METRICS_USERNAME": "scraper-of-record",
     "KAFSCALE_S3_ENDPOINT": "http://minio.internal.example:9000",
     "KAFSCALE_S3_REGION": "eu-hidden-1",
     "KAFSCALE_S3_PATH_STYLE": "true",
@@ -47,6 +49,7 @@ SENSITIVE = {
     "kafscale.etcd.password",
     "ssl.key.password",
     "kafscale.sasl.admin.password",
+    "kafscale.metrics.password",
 }
 HIDDEN = {
     "kafscale.s3.bucket",
@@ -63,6 +66,10 @@ HIDDEN = {
     "kafscale.etcd.username",
     "kafscale.metrics.port",
     "kafscale.sasl.admin.user",
+    "kafscale.metrics.tls.cert.file",
+    "kafscale.metrics.tls.key.file",
+    "kafscale.metrics.username",
+    "kafscale.metrics.auth.health",
 }
 # Pieces of the configured values that no described value may contain.
 NEVER_SHOWN = [
