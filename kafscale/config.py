@@ -80,6 +80,9 @@ class Config:
     connections_max_reauth_ms: int
     sasl_admin_user: str
     sasl_admin_password: str = dataclasses.field(repr=False)
+    authorizer: str
+    super_users: tuple[str, ...]
+    allow_everyone_if_no_acl_found: bool
     metrics_port: int
     admin_token: str = dataclasses.field(repr=False)
     metrics_tls_cert_file: str
@@ -217,6 +220,7 @@ class Config:
         fixed = dict(values)
         fixed["etcd_endpoints"] = tuple(fixed["etcd_endpoints"])
         fixed["sasl_enabled_mechanisms"] = tuple(fixed["sasl_enabled_mechanisms"])
+        fixed["super_users"] = tuple(fixed["super_users"])
         fixed["max_connections_per_ip_overrides"] = tuple(
             (str(address), int(count))
             for address, count in fixed["max_connections_per_ip_overrides"]

@@ -62,6 +62,11 @@ SASL_AUTHENTICATIONS = Counter(
     "SASL authentications (and re-authentications) by listener, mechanism and result",
     ["listener", "mechanism", "result"],
 )
+AUTHORIZATION_DENIED = Counter(
+    "kafscale_authorization_denied",
+    "Operations an ACL denied (KAFSCALE_AUTHORIZER=acl), by API",
+    ["api"],
+)
 CONNECTIONS_THROTTLED = Counter(
     "kafscale_connections_throttled",
     "Times a connection was not read because it held its in-flight limit (requests or bytes)",

@@ -208,6 +208,15 @@ def _sasl_mechanisms(text: str) -> tuple[str, ...]:
     return names
 
 
+def _principals(text: str) -> tuple[str, ...]:
+    principals = tuple(dict.fromkeys(p.strip() for p in text.split(";") if p.strip()))
+    for principal in principals:
+        kind, _, name = principal.partition(":")
+        if not kind or not name:
+            raise ValueError(f"{principal!r} is not Type:name (User:admin)")
+    return principals
+
+
 def _user_name(text: str) -> str:
     value = text.strip()
     if value and (len(value) > 256 or any(c.isspace() for c in value)):
@@ -397,6 +406,27 @@ SETTINGS: tuple[Setting, ...] = (
         _text,
         "Password of KAFSCALE_SASL_ADMIN_USER when it is created",
         secret=True,
+    ),
+    Setting(
+        "authorizer",
+        "none",
+        _one_of("none", "acl"),
+        "none: every client may do everything; acl: Kafka's ACLs decide (created with "
+        "kafka-acls; Kafka's authorizer.class.name)",
+    ),
+    Setting(
+        "super_users",
+        "",
+        _principals,
+        "Principals ACLs do not apply to, ';'-separated: User:admin;User:CN=ops (Kafka's "
+        "super.users)",
+    ),
+    Setting(
+        "allow_everyone_if_no_acl_found",
+        "false",
+        parse_bool,
+        "With KAFSCALE_AUTHORIZER=acl, allow what no ACL mentions (Kafka's "
+        "allow.everyone.if.no.acl.found); false denies it",
     ),
     Setting(
         "metrics_port",

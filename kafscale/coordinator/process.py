@@ -26,6 +26,7 @@ from kafscale.storage.metered import MeteredObjectStore
 from kafscale.storage.objects import ObjectStoreUnavailable
 from kafscale.supervisor.child import ChildContext
 
+from .acls import AclAdmin
 from .admin import TopicAdmin
 from .chores import Chores
 from .commit_plan import Limits
@@ -144,6 +145,7 @@ def run(ctx: ChildContext) -> None:
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
                         **credentials.handlers(),
+                        **AclAdmin(store, config.s3_namespace).handlers(),
                     }
                 ),
                 on_idle=on_idle,

@@ -77,6 +77,8 @@ KAFKA_NAMES: dict[str, tuple[str, ConfigType]] = {
     "ssl_key_password": ("ssl.key.password", ConfigType.PASSWORD),
     "sasl_enabled_mechanisms": ("sasl.enabled.mechanisms", ConfigType.LIST),
     "connections_max_reauth_ms": ("connections.max.reauth.ms", ConfigType.LONG),
+    "super_users": ("super.users", ConfigType.STRING),
+    "allow_everyone_if_no_acl_found": ("allow.everyone.if.no.acl.found", ConfigType.BOOLEAN),
 }
 
 # Kafka broker configs whose value KafScale fixes (beyond the topic configs' broker synonyms).

@@ -11,10 +11,13 @@ from kafscale.frontend.handlers import (
     alter_configs,
     alter_user_scram_credentials,
     api_versions,
+    create_acls,
     create_partitions,
     create_topics,
+    delete_acls,
     delete_groups,
     delete_topics,
+    describe_acls,
     describe_client_quotas,
     describe_cluster,
     describe_configs,
@@ -108,6 +111,9 @@ _ADMIN_HANDLERS = (
     (sasl_authenticate, "SaslAuthenticate"),
     (describe_user_scram_credentials, "DescribeUserScramCredentials"),
     (describe_client_quotas, "DescribeClientQuotas"),
+    (describe_acls, "DescribeAcls"),
+    (create_acls, "CreateAcls"),
+    (delete_acls, "DeleteAcls"),
     (alter_user_scram_credentials, "AlterUserScramCredentials"),
 )
 APIS.update(

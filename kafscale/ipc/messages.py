@@ -337,6 +337,50 @@ class ScramCredentialsAltered(Message, frozen=True):
     revision: int
 
 
+# -- ACLs (frontend -> coordinator; docs/design/security.md, section 6) ------------------------
+
+
+class AclValue(msgspec.Struct, frozen=True):
+    """One ACL binding, Kafka's codes for the enumerations."""
+
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+
+class AclFilterValue(msgspec.Struct, frozen=True):
+    """A DeleteAcls filter: None strings match anything; codes as Kafka's (ANY = 1)."""
+
+    resource_type: int
+    resource_name: str | None
+    pattern_type: int
+    principal: str | None
+    host: str | None
+    operation: int
+    permission_type: int
+
+
+class CreateAcls(Message, frozen=True):
+    """Bindings the frontend checked; answered with ``AclsChanged`` (no ``deleted``)."""
+
+    bindings: list[AclValue]
+
+
+class DeleteAcls(Message, frozen=True):
+    """Answered with ``AclsChanged``: ``deleted[i]``, the bindings filter i removed."""
+
+    filters: list[AclFilterValue]
+
+
+class AclsChanged(Message, frozen=True):
+    deleted: list[list[AclValue]]
+    revision: int
+
+
 # -- retention (coordinator -> shard) ----------------------------------------------------------
 
 
@@ -590,6 +634,9 @@ AnyMessage = (
     | CreatePartitions
     | AlterScramCredentials
     | ScramCredentialsAltered
+    | CreateAcls
+    | DeleteAcls
+    | AclsChanged
     | ShardPending
     | Cut
     | CutEntries

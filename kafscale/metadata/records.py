@@ -23,6 +23,8 @@ encodings of the structs below, so ``etcdctl get --prefix /kafscale/`` is readab
     /kafscale/{ns}/offsets/{group}/{topic}/{p}       OffsetRecord: a committed offset
     /kafscale/{ns}/users/{user}/{mechanism}          ScramRecord: a user's SCRAM credential
                                          (docs/design/security.md, section 5)
+    /kafscale/{ns}/acls/{digest}         AclRecord: one ACL binding, keyed by the SHA-256 of its
+                                         fields (creating it twice writes one key)
 
 Group ids and user names may hold any character, so in keys they are percent-encoded (``/``
 included).
@@ -31,6 +33,7 @@ included).
 from __future__ import annotations
 
 import base64
+import hashlib
 import urllib.parse
 import uuid
 
@@ -189,6 +192,23 @@ class ScramRecord(msgspec.Struct, frozen=True):
     iterations: int
 
 
+class AclRecord(msgspec.Struct, frozen=True):
+    """One ACL binding (CreateAcls'), with Kafka's codes for the enumerations."""
+
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+    @property
+    def digest(self) -> str:
+        """The key's last part: the same binding always has the same one."""
+        return hashlib.sha256(encode(self)).hexdigest()
+
+
 class Keys:
     """Key names of one cluster namespace."""
 
@@ -273,6 +293,13 @@ class Keys:
         return urllib.parse.unquote(parts[0]), parts[1], int(parts[2])
 
     @property
+    def acls(self) -> str:
+        return self.root + "acls/"
+
+    def acl(self, record: AclRecord) -> str:
+        return self.acls + record.digest
+
+    @property
     def users(self) -> str:
         return self.root + "users/"
 
@@ -304,6 +331,10 @@ encode = msgspec.json.encode
 
 def decode_broker(data: bytes) -> BrokerRecord:
     return msgspec.json.decode(data, type=BrokerRecord)
+
+
+def decode_acl(data: bytes) -> AclRecord:
+    return msgspec.json.decode(data, type=AclRecord)
 
 
 def decode_scram(data: bytes) -> ScramRecord:

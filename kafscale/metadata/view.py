@@ -17,7 +17,14 @@ from dataclasses import dataclass, field, replace
 import msgspec
 
 from kafscale.metadata import records
-from kafscale.metadata.records import BrokerRecord, Keys, LeaderRecord, ScramRecord, TopicRecord
+from kafscale.metadata.records import (
+    AclRecord,
+    BrokerRecord,
+    Keys,
+    LeaderRecord,
+    ScramRecord,
+    TopicRecord,
+)
 from kafscale.metadata.store import (
     EventType,
     MetadataStore,
@@ -39,6 +46,8 @@ class Snapshot:
     leaders: dict[tuple[str, int], LeaderRecord] = field(default_factory=dict)
     # SCRAM credentials by (user, mechanism) (``users/``).
     credentials: dict[tuple[str, str], ScramRecord] = field(default_factory=dict)
+    # ACL bindings by key digest (``acls/``).
+    acls: dict[str, AclRecord] = field(default_factory=dict)
 
     @functools.cached_property
     def topics_by_id(self) -> dict[str, TopicRecord]:
@@ -172,6 +181,14 @@ class MetadataView:
                 else:
                     credentials.pop(user, None)
                 return replace(snapshot, revision=revision, credentials=credentials)
+            if key.startswith(keys.acls):
+                acls = dict(snapshot.acls)
+                digest = key[len(keys.acls) :]
+                if kind is EventType.PUT:
+                    acls[digest] = records.decode_acl(value)
+                else:
+                    acls.pop(digest, None)
+                return replace(snapshot, revision=revision, acls=acls)
         except (ValueError, msgspec.DecodeError) as exc:
             log.error("skipping undecodable metadata record", extra={"key": key, "error": str(exc)})
         return replace(snapshot, revision=revision)

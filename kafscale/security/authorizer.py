@@ -133,6 +133,27 @@ class AclBinding:
     permission_type: AclPermissionType
 
 
+def binding_from_codes(
+    resource_type: int,
+    resource_name: str,
+    pattern_type: int,
+    principal: str,
+    host: str,
+    operation: int,
+    permission_type: int,
+) -> AclBinding:
+    """A binding from the wire's (and the store's) codes; unknown codes read as UNKNOWN."""
+    return AclBinding(
+        from_code(ResourceType, resource_type),
+        resource_name,
+        from_code(PatternType, pattern_type),
+        principal,
+        host,
+        from_code(AclOperation, operation),
+        from_code(AclPermissionType, permission_type),
+    )
+
+
 def binding_error(binding: AclBinding) -> str | None:
     """Why CreateAcls refuses ``binding`` (INVALID_REQUEST), in Kafka's words and order
     (AclApis.handleCreateAcls, then AclControlManager.validateNewAcl); None if it is valid."""

@@ -32,11 +32,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import Encoded, RequestContext
 from kafscale.frontend.leaders import Leaders
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import Reply, RpcError
 from kafscale.metadata.records import TopicRecord
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.errors import ErrorCode
 from kafscale.protocol.fetch import (
     NO_LEADER,
@@ -45,6 +47,7 @@ from kafscale.protocol.fetch import (
     NodeEndpoint,
     encode_fetch_response,
 )
+from kafscale.security.authorizer import ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +85,18 @@ async def handle(ctx: RequestContext, request: Any) -> Encoded:
     entries: dict[int, list[tuple[Slot, messages.FetchEntry]]] = {}
     for topic in request.topics:
         record = _topic(snapshot.topics, snapshot.topics_by_id, topic, version)
+        # By name before v13; an unknown topic id has no name to authorize (UNKNOWN_TOPIC_ID).
+        name = record.name if record is not None else getattr(topic, "topic", None)
+        readable = name is None or authz.allowed(ctx, AclOperation.READ, ResourceType.TOPIC, name)
         slots = []
         for wanted in topic.partitions:
             slot = Slot(int(wanted.partition), record.name if record is not None else "")
             slots.append(slot)
-            error = _check(leaders, record, wanted, version)
+            error = (
+                _check(leaders, record, wanted, version)
+                if readable
+                else ErrorCode.topic_authorization_failed
+            )
             if error is not None:
                 slot.result = messages.FetchResult(error_code=int(error))
                 continue

@@ -11,9 +11,13 @@ partition (no leader key yet, or its owner gone) is answered as Kafka's ``KRaftM
 answers one whose leader is not alive: LEADER_NOT_AVAILABLE (retriable), leader -1, its leader
 epoch when known (-1 without a key), and no replicas, since none is alive. Internal topics
 (``__consumer_offsets``, which FindCoordinator creates) are marked ``is_internal`` by name, as
-Kafka does. Authorized operations (v8+), when
-asked for, are every operation, as Kafka reports them without an authorizer
-(``kafscale.protocol.acls``).
+Kafka does. Authorized operations (v8+), when asked for, come from ``kafscale.frontend.authz``:
+every operation without an authorizer, as Kafka reports them, else what the ACLs grant.
+
+With ACLs on (``KAFSCALE_AUTHORIZER=acl``), as Kafka: asked for every topic, the topics the
+principal may not DESCRIBE are left out; named, they are TOPIC_AUTHORIZATION_FAILED whether they
+exist or not; a missing topic is auto-created only if the principal may CREATE it (on the
+cluster or the topic), else it is TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ import datetime
 import uuid
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.leaders import Leader, Leaders
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.metadata.records import BrokerRecord, TopicRecord
 from kafscale.metadata.topic_names import INTERNAL_TOPICS
-from kafscale.protocol.acls import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS
+from kafscale.protocol.acls import NOT_REQUESTED, AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode, MalformedRequest
+from kafscale.security.authorizer import ResourceType
 
 API_KEY = 3
 MIN_VERSION, MAX_VERSION = 0, 12
@@ -44,25 +50,47 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     if ctx.version < FIRST_VERSION_BY_ID:
         _check_names(ctx.version, request)
     snapshot = ctx.broker.view.snapshot
+    every = _every_topic(ctx.version, request)
     selected = _selected(ctx.version, request, snapshot.topics)
+    named = [name for name, _, _ in selected if name is not None]
+    # All topics: the ones the principal may not DESCRIBE are left out, silently. Named ones
+    # get TOPIC_AUTHORIZATION_FAILED, whether they exist or not (Kafka).
+    described = authz.topics_allowed(ctx, AclOperation.DESCRIBE, named, count_denial=not every)
     errors: dict[str, TopicResult] = {}
-    missing = [name for name, _, record in selected if record is None and name is not None]
+    missing = [name for name, _, record in selected if record is None and name in described]
     if missing and _may_auto_create(ctx, request):
-        results = await ctx.broker.coordinator.create_topics(
-            [TopicSpec(name=name, partitions=-1) for name in missing]
+        creatable = [name for name in missing if authz.may_create_topic(ctx, name)]
+        for uncreatable in set(missing) - set(creatable):
+            errors[uncreatable] = TopicResult(
+                uncreatable, int(ErrorCode.topic_authorization_failed)
+            )
+        results = (
+            await ctx.broker.coordinator.create_topics(
+                [TopicSpec(name=name, partitions=-1) for name in creatable]
+            )
+            if creatable
+            else []
         )
-        errors = {r.name: r for r in results if r.name and r.error_code not in _CREATED}
+        errors |= {r.name: r for r in results if r.name and r.error_code not in _CREATED}
         snapshot = ctx.broker.view.snapshot
         selected = _selected(ctx.version, request, snapshot.topics)
     leaders = Leaders(ctx, snapshot)
     topics = []
     for name, topic_id, record in selected:
         failed = errors.get(name) if name is not None and record is None else None
-        if name is not None and failed is not None:
+        if name is not None and name not in described:
+            if not every:
+                topics.append(_topic_error(schema, name, ErrorCode.topic_authorization_failed))
+        elif name is not None and failed is not None:
             topics.append(_topic_error(schema, name, ErrorCode(failed.error_code)))
         else:
             asks = _asks(request, "topic")
-            topics.append(_topic(leaders, schema, record, name, topic_id, asks))
+            operations = (
+                authz.authorized_operations(ctx, ResourceType.TOPIC, record.name)
+                if asks and record is not None
+                else NOT_REQUESTED
+            )
+            topics.append(_topic(leaders, schema, record, name, topic_id, operations))
     return build(
         schema,
         throttle_time=datetime.timedelta(0),
@@ -70,7 +98,9 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         cluster_id=snapshot.cluster_id,
         controller_id=ctx.broker.node_id,
         topics=tuple(topics),
-        cluster_authorized_operations=CLUSTER_OPERATIONS
+        cluster_authorized_operations=authz.authorized_operations(
+            ctx, ResourceType.CLUSTER, authz.CLUSTER
+        )
         if _asks(request, "cluster")
         else NOT_REQUESTED,
     )
@@ -128,7 +158,7 @@ def _selected(
     topics: dict[str, TopicRecord],
 ) -> list[tuple[str | None, uuid.UUID | None, TopicRecord | None]]:
     """(name, id, record or None if unknown) of each topic the request asks about."""
-    if request.topics is None or (version == 0 and not request.topics):
+    if _every_topic(version, request):
         return [
             (name, uuid.UUID(record.topic_id), record) for name, record in sorted(topics.items())
         ]
@@ -146,13 +176,18 @@ def _selected(
     return selected
 
 
+def _every_topic(version: int, request: Any) -> bool:
+    """Whether the request asks for every topic (null list; v0: an empty one)."""
+    return request.topics is None or (version == 0 and not request.topics)
+
+
 def _topic(
     leaders: Leaders,
     schema: type[Any],
     record: TopicRecord | None,
     name: str | None,
     topic_id: uuid.UUID | None,
-    authorized_operations: bool,
+    authorized_operations: int,
 ) -> Any:
     topic_class = nested(schema, "MetadataResponseTopic")
     if record is None:
@@ -172,7 +207,7 @@ def _topic(
         topic_id=uuid.UUID(record.topic_id),
         is_internal=record.name in INTERNAL_TOPICS,
         partitions=partitions,
-        topic_authorized_operations=TOPIC_OPERATIONS if authorized_operations else NOT_REQUESTED,
+        topic_authorized_operations=authorized_operations,
     )
 
 

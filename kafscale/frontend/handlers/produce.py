@@ -9,7 +9,9 @@ Internal topics (``__consumer_offsets``) are refused with INVALID_TOPIC_EXCEPTIO
 clients' appends to them, and never auto-created here. A partition this broker does not lead
 (the view's leader key) gets NOT_LEADER_OR_FOLLOWER without reaching a shard; from v10 every
 NOT_LEADER_OR_FOLLOWER answer, ours or the shard's, names the current leader and the response
-carries its endpoint (KIP-951, ``kafscale.frontend.leaders``).
+carries its endpoint (KIP-951, ``kafscale.frontend.leaders``). With ACLs on, a partition of a
+topic the principal may not WRITE is TOPIC_AUTHORIZATION_FAILED, whether the topic exists or not,
+and only topics it may also CREATE (on the cluster or the topic) are auto-created.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import datetime
 from collections import defaultdict
 from typing import Any
 
-from kafscale.frontend import leaders
+from kafscale.frontend import authz, leaders
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.leaders import Leaders
 from kafscale.ipc import messages
@@ -28,6 +30,7 @@ from kafscale.ipc.rpc import RpcError
 from kafscale.metadata import topic_configs
 from kafscale.metadata.records import TopicRecord
 from kafscale.metadata.topic_names import INTERNAL_TOPICS
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.compression import Codec
 from kafscale.protocol.errors import ErrorCode
@@ -52,8 +55,9 @@ _CODECS = {
 async def handle(ctx: RequestContext, request: Any) -> Any:
     acks = int(request.acks)
     timeout_ms = int(request.timeout.total_seconds() * 1000)
+    writable = authz.topics_allowed(ctx, AclOperation.WRITE, (t.name for t in request.topic_data))
     topics = await _topics(
-        ctx, [t.name for t in request.topic_data if t.name not in INTERNAL_TOPICS]
+        ctx, [t.name for t in request.topic_data if t.name not in INTERNAL_TOPICS], writable
     )
     leadership = Leaders(ctx)
     results: dict[tuple[str, int], AppendResult] = {}
@@ -64,6 +68,8 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             key = (topic.name, int(data.index))
             if acks not in VALID_ACKS:
                 results[key] = _error(ErrorCode.invalid_required_acks, f"acks={acks}")
+            elif topic.name not in writable:  # before existence: nothing is revealed
+                results[key] = _error(ErrorCode.topic_authorization_failed, None)
             elif topic.name in INTERNAL_TOPICS:
                 message = f"cannot append to internal topic {topic.name}"
                 results[key] = _error(ErrorCode.invalid_topic_exception, message)
@@ -89,9 +95,17 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     return _response(ctx, request, results, leadership)
 
 
-async def _topics(ctx: RequestContext, names: list[str]) -> dict[str, TopicRecord]:
+async def _topics(
+    ctx: RequestContext, names: list[str], writable: set[str]
+) -> dict[str, TopicRecord]:
+    """The records of ``names``; missing writable ones auto-created when the broker and the
+    ACLs allow it (CREATE on the cluster or the topic)."""
     known = ctx.broker.view.snapshot.topics
-    missing = [name for name in names if name not in known]
+    missing = [
+        name
+        for name in names
+        if name not in known and name in writable and authz.may_create_topic(ctx, name)
+    ]
     if missing and ctx.broker.config.auto_create_topics:
         await ctx.broker.coordinator.create_topics(
             [TopicSpec(name=name, partitions=-1) for name in missing]
