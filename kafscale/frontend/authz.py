@@ -30,7 +30,9 @@ from kafscale.protocol.acls import AclOperation
 from kafscale.security.authorizer import (
     SUPPORTED_OPERATIONS,
     AclBinding,
+    AclPermissionType,
     Authorizer,
+    PatternType,
     ResourceType,
     binding_error,
     binding_from_codes,
@@ -153,3 +155,37 @@ def may_create_topic(ctx: RequestContext, name: str, *, count_denial: bool = Tru
     if allowed(ctx, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER, count_denial=False):
         return True
     return allowed(ctx, AclOperation.CREATE, ResourceType.TOPIC, name, count_denial=count_denial)
+
+
+def may_write_some_topic(ctx: RequestContext) -> bool:
+    """Kafka's ``authorizeByResourceType(TOPIC, WRITE)`` (KIP-679: an idempotent producer needs
+    WRITE on some topic or IDEMPOTENT_WRITE on the cluster): an ALLOW of WRITE (or ALL) on any
+    topic pattern for this principal (or ``User:*``) and host, unless a DENY on every topic
+    (literal ``*``) shadows it; with no topic ACL at all, ``allow_if_no_acl_found``."""
+    decider = authorizer(ctx.broker)
+    if decider is None or ctx.session.principal in decider.super_users:
+        return True
+    principal, address = ctx.session.principal, host(ctx)
+    writes = (AclOperation.WRITE, AclOperation.ALL)
+    on_topics = [
+        b
+        for b in map(binding_of, ctx.broker.view.snapshot.acls.values())
+        if b.resource_type == ResourceType.TOPIC
+    ]
+    if not on_topics:
+        return decider.allow_if_no_acl_found
+    mine = [
+        b
+        for b in on_topics
+        if b.principal in (principal, "User:*")
+        and b.host in (address, "*")
+        and b.operation in writes
+    ]
+    if any(
+        b.permission_type == AclPermissionType.DENY
+        and b.pattern_type == PatternType.LITERAL
+        and b.resource_name == "*"
+        for b in mine
+    ):
+        return False
+    return any(b.permission_type == AclPermissionType.ALLOW for b in mine)

@@ -27,6 +27,7 @@ SCENARIOS = {
     "group": "Consumer group: commit and rebalance",
     "admin": "Admin: describe",
     "scram": "SCRAM-SHA-512 over TLS: authenticate, produce, consume in a group",
+    "acl": "ACL denied: the authorization error",
 }
 
 CLIENTS = {
@@ -49,6 +50,7 @@ NOT_APPLICABLE = {
     "startingOffsets=latest); endingOffsets=latest is tested",
     ("spark", "group"): "Spark's Kafka source assigns partitions itself; it commits nothing",
     ("spark", "admin"): "Spark has no admin API",
+    ("spark", "acl"): "Spark's Kafka source is not run with SASL (see scram)",
     ("spark", "scram"): "Spark's Kafka source authenticates through kafka-clients 3.9 (its own "
     "row); the reader is not run with SASL",
 }

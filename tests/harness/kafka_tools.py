@@ -1,6 +1,6 @@
-"""Kafka's own admin tools (kafka-consumer-groups.sh, kafka-topics.sh, kafka-configs.sh) run
-from the jars in tests/java/target/tools-4 (scripts/install-deps.sh builds them: see
-tests/java/tools-4/pom.xml), the way the shell scripts of a Kafka distribution run them:
+"""Kafka's own admin tools (kafka-consumer-groups.sh, kafka-topics.sh, kafka-configs.sh,
+kafka-acls.sh) run from the jars in tests/java/target/tools-4 (scripts/install-deps.sh builds
+them: see tests/java/tools-4/pom.xml), the way the shell scripts of a Kafka distribution run them:
 `java -cp 'tools-4/*' MAIN_CLASS ARGS...`.
 
 The tools log through slf4j-simple at WARN (KAFSCALE_TOOLS_LOG_LEVEL to change it), to stderr, so
@@ -24,6 +24,7 @@ TOOL_MAINS = {
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
     "topics": "org.apache.kafka.tools.TopicCommand",
     "configs": "kafka.admin.ConfigCommand",
+    "acls": "org.apache.kafka.tools.AclCommand",
 }
 TOOLS_TIMEOUT = 90.0
 

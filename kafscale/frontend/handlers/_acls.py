@@ -29,7 +29,7 @@ def refusal(ctx: RequestContext, operation: AclOperation) -> Outcome | None:
     if ctx.broker.config.authorizer != "acl":
         return ErrorCode.security_disabled, DISABLED
     if not authz.cluster_allowed(ctx, operation):
-        return ErrorCode.cluster_authorization_failed, None
+        return ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
     return None
 
 

@@ -19,13 +19,16 @@ import logging
 from collections import Counter
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers.describe_configs import broker_name_error, unsupported_resource
 from kafscale.ipc.messages import AlterTopicConfigs, ConfigChange, TopicConfigChanges, TopicResults
 from kafscale.ipc.rpc import RpcError
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element, response_schema
 from kafscale.protocol.configs import AlterConfigOp, ResourceType
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType as AclResource
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,14 @@ async def alter(ctx: RequestContext, api_key: int, request: Any, incremental: bo
         kind, name = int(resource.resource_type), resource.resource_name
         if named[(kind, name)] > 1:
             outcomes[index] = (ErrorCode.invalid_request, f"{name!r} appears more than once")
+        elif kind == ResourceType.TOPIC and not authz.allowed(
+            ctx, AclOperation.ALTER_CONFIGS, AclResource.TOPIC, name
+        ):
+            outcomes[index] = (ErrorCode.topic_authorization_failed, None)
+        elif kind in (ResourceType.BROKER, ResourceType.BROKER_LOGGER) and not (
+            authz.cluster_allowed(ctx, AclOperation.ALTER_CONFIGS)
+        ):
+            outcomes[index] = (ErrorCode.cluster_authorization_failed, None)
         elif kind == ResourceType.TOPIC:
             changes = [_change(config, incremental) for config in resource.configs]
             topics[index] = TopicConfigChanges(name, changes)

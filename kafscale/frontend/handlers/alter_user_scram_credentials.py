@@ -11,7 +11,8 @@ user, as Kafka's, whose changes apply all or none:
 - an empty user name, an empty salt or salted password, iterations outside 4,096-16,384:
   UNACCEPTABLE_CREDENTIAL;
 - one user and mechanism twice in the request: DUPLICATE_RESOURCE;
-- deleting a credential the user does not have: RESOURCE_NOT_FOUND.
+- deleting a credential the user does not have: RESOURCE_NOT_FOUND;
+- with ACLs on, a principal without ALTER on the cluster: CLUSTER_AUTHORIZATION_FAILED.
 
 The answer waits until this frontend's view holds the change, so the user can authenticate
 against this broker at once (the other brokers follow within their views' lag).
@@ -27,6 +28,7 @@ from kio.schema.alter_user_scram_credentials.v0.request import (
     AlterUserScramCredentialsRequest,
 )
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import (
     AlterScramCredentials,
@@ -35,6 +37,7 @@ from kafscale.ipc.messages import (
     ScramValue,
 )
 from kafscale.ipc.rpc import RpcError
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element, response_schema
 from kafscale.protocol.errors import ErrorCode
 from kafscale.security.mechanisms import MAX_ITERATIONS, MIN_ITERATIONS, from_salted_password
@@ -75,6 +78,8 @@ async def handle(ctx: RequestContext, request: AlterUserScramCredentialsRequest)
     pairs = Counter(named)
     users = list(dict.fromkeys(user for user, _ in named))
     outcomes: dict[str, Outcome] = {}
+    if not authz.cluster_allowed(ctx, AclOperation.ALTER):
+        outcomes = dict.fromkeys(users, (ErrorCode.cluster_authorization_failed, None))
     changes: list[ScramChange] = []
     for deletion in request.deletions:
         problem = check(deletion.name, int(deletion.mechanism), None, b"", b"")

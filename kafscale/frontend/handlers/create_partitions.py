@@ -15,11 +15,14 @@ import logging
 from collections import Counter
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import CreatePartitions, PartitionIncrease, TopicResults
 from kafscale.ipc.rpc import RpcError
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element, response_schema
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType
 
 API_KEY = 37
 MIN_VERSION, MAX_VERSION = 0, 3
@@ -40,6 +43,8 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     for index, topic in enumerate(request.topics):
         if named[topic.name] > 1:
             outcomes[index] = (ErrorCode.invalid_request, "Duplicate topic in request.")
+        elif not authz.allowed(ctx, AclOperation.ALTER, ResourceType.TOPIC, topic.name):
+            outcomes[index] = (ErrorCode.topic_authorization_failed, None)
         else:
             increases[index] = PartitionIncrease(
                 topic=topic.name,

@@ -13,6 +13,7 @@ import datetime
 import uuid
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.configs import topic_configs_of
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import TopicResult, TopicSpec
@@ -30,7 +31,11 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     refused: dict[int, TopicResult] = {}
     for index, topic in enumerate(request.topics):
         spec, problem = _spec(topic)
-        if problem is not None:
+        if not authz.may_create_topic(ctx, topic.name):  # CREATE on the cluster or the topic
+            refused[index] = TopicResult(
+                name=topic.name, error_code=int(ErrorCode.topic_authorization_failed)
+            )
+        elif problem is not None:
             refused[index] = problem
         else:
             specs.append(spec)

@@ -10,7 +10,9 @@ import datetime
 import uuid
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
 
@@ -45,6 +47,18 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         ids = [str(t.topic_id) for t in request.topics if t.name is None and t.topic_id]
     else:
         names, ids = list(request.topic_names), []
+    # DELETE on each topic (by id: on the topic the id names; an unknown id is the
+    # coordinator's UNKNOWN_TOPIC_ID).
+    by_id = ctx.broker.view.snapshot.topics_by_id
+    allowed = authz.topics_allowed(
+        ctx, AclOperation.DELETE, [*names, *(by_id[i].name for i in ids if i in by_id)]
+    )
+    for name in [n for n in names if n not in allowed]:
+        refused.append(_denied(result_class, name, NO_UUID))
+    for topic_id in [i for i in ids if i in by_id and by_id[i].name not in allowed]:
+        refused.append(_denied(result_class, None, uuid.UUID(topic_id)))
+    names = [n for n in names if n in allowed]
+    ids = [i for i in ids if i not in by_id or by_id[i].name in allowed]
     results = await ctx.broker.coordinator.delete_topics(names, ids)
     responses = tuple(
         build(
@@ -57,3 +71,14 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         for r in results
     )
     return build(schema, throttle_time=datetime.timedelta(0), responses=(*refused, *responses))
+
+
+def _denied(result_class: type[Any], name: str | None, topic_id: uuid.UUID) -> Any:
+    """A topic the principal may not DELETE; by id, its name is not told."""
+    return build(
+        result_class,
+        name=name,
+        topic_id=topic_id,
+        error_code=ErrorCode.topic_authorization_failed,
+        error_message=None,
+    )

@@ -13,11 +13,13 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.leaders import live_brokers
-from kafscale.protocol.acls import CLUSTER_OPERATIONS, NOT_REQUESTED
+from kafscale.protocol.acls import NOT_REQUESTED
 from kafscale.protocol.codec import build, element, response_schema
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType
 
 API_KEY = 60
 MIN_VERSION, MAX_VERSION = 0, 2
@@ -58,7 +60,9 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         for record in live_brokers(ctx, snapshot.brokers)
     )
     operations = (
-        CLUSTER_OPERATIONS if request.include_cluster_authorized_operations else NOT_REQUESTED
+        authz.authorized_operations(ctx, ResourceType.CLUSTER, authz.CLUSTER)
+        if request.include_cluster_authorized_operations
+        else NOT_REQUESTED
     )
     return build(
         schema,

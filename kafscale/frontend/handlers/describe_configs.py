@@ -14,12 +14,15 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.configs import Described, broker_configs, topic_configs_of
 from kafscale.frontend.context import RequestContext
 from kafscale.metadata.topic_names import name_error
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.configs import ResourceType
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType as AclResource
 
 API_KEY = 32
 MIN_VERSION, MAX_VERSION = 1, 4
@@ -53,6 +56,14 @@ def describe(
     ctx: RequestContext, resource_type: int, name: str
 ) -> tuple[ErrorCode, str | None, list[Described]]:
     """The error (or none), its message, and the configs of one resource."""
+    if resource_type == ResourceType.TOPIC and not authz.allowed(
+        ctx, AclOperation.DESCRIBE_CONFIGS, AclResource.TOPIC, name
+    ):
+        return ErrorCode.topic_authorization_failed, None, []
+    if resource_type in (ResourceType.BROKER, ResourceType.BROKER_LOGGER) and not (
+        authz.cluster_allowed(ctx, AclOperation.DESCRIBE_CONFIGS)
+    ):
+        return ErrorCode.cluster_authorization_failed, None, []
     if resource_type == ResourceType.TOPIC:
         if (problem := name_error(name)) is not None:
             return ErrorCode.invalid_topic_exception, problem, []

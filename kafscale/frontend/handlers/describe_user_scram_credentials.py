@@ -4,7 +4,8 @@ credential for, and with how many iterations (never the salt or keys), as ``kafk
 
 Answered from this frontend's metadata view. All users when the request names none (null or
 empty, as Kafka); a named user without a credential is RESOURCE_NOT_FOUND, a user named twice
-DUPLICATE_RESOURCE.
+DUPLICATE_RESOURCE. With ACLs on, DESCRIBE on the cluster is needed (else
+CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from kio.schema.describe_user_scram_credentials.v0.request import (
     DescribeUserScramCredentialsRequest,
 )
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers.alter_user_scram_credentials import MECHANISMS
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element, response_schema
 from kafscale.protocol.errors import ErrorCode
 
@@ -35,6 +38,14 @@ async def handle(ctx: RequestContext, request: DescribeUserScramCredentialsReque
     for (user, mechanism), record in sorted(ctx.broker.view.snapshot.credentials.items()):
         if mechanism in CODES:
             have.setdefault(user, []).append((CODES[mechanism], record.iterations))
+    if not authz.cluster_allowed(ctx, AclOperation.DESCRIBE):
+        return build(
+            schema,
+            throttle_time=datetime.timedelta(0),
+            error_code=ErrorCode.cluster_authorization_failed,
+            error_message=None,
+            results=(),
+        )
     named = [user.name for user in request.users or ()]
     counts = Counter(named)
     results = []

@@ -12,9 +12,12 @@ import datetime
 import logging
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, response_schema
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType
 
 API_KEY = 22
 MIN_VERSION, MAX_VERSION = 0, 5
@@ -31,6 +34,13 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             extra={"transactional_id": request.transactional_id, "peer": ctx.peer},
         )
         return _response(schema, ErrorCode.unsupported_version, -1)
+    idempotent = AclOperation.IDEMPOTENT_WRITE
+    cluster = authz.allowed(
+        ctx, idempotent, ResourceType.CLUSTER, authz.CLUSTER, count_denial=False
+    )
+    if not cluster and not authz.may_write_some_topic(ctx):  # KIP-679
+        authz.denied(ctx, idempotent, ResourceType.CLUSTER, authz.CLUSTER)
+        return _response(schema, ErrorCode.cluster_authorization_failed, -1)
     producer_id = await ctx.broker.coordinator.allocate_producer_id()
     if producer_id < 0:
         return _response(schema, ErrorCode.coordinator_not_available, -1)

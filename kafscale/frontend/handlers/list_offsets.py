@@ -23,12 +23,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.leaders import Leaders
 from kafscale.ipc import messages
 from kafscale.ipc.messages import OffsetAnswer, OffsetQuery
 from kafscale.ipc.rpc import RpcError
 from kafscale.metadata.records import TopicRecord
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
 
@@ -47,12 +49,17 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     leaders = Leaders(ctx, snapshot)
     answers: dict[Key, OffsetAnswer] = {}
     queries: list[tuple[Key, OffsetQuery]] = []
+    described = authz.topics_allowed(ctx, AclOperation.DESCRIBE, (t.name for t in request.topics))
     for topic in request.topics:
         record = snapshot.topics.get(topic.name)
         for wanted in topic.partitions:
             key = (topic.name, int(wanted.partition_index))
             current_epoch = int(getattr(wanted, "current_leader_epoch", -1))  # v4+
-            error = check_partition(leaders, record, key[1], current_epoch)
+            error = (
+                check_partition(leaders, record, key[1], current_epoch)
+                if topic.name in described
+                else ErrorCode.topic_authorization_failed
+            )
             timestamp = int(wanted.timestamp)
             if error is None and timestamp < 0 and SPECIAL_SINCE.get(timestamp, 99) > ctx.version:
                 error = ErrorCode.unsupported_version

@@ -18,10 +18,12 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers import list_offsets
 from kafscale.frontend.leaders import Leaders
 from kafscale.ipc.messages import OffsetAnswer, OffsetQuery
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
 
@@ -37,12 +39,17 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     leaders = Leaders(ctx, snapshot)
     answers: dict[Key, OffsetAnswer] = {}
     queries: list[tuple[Key, OffsetQuery]] = []
+    described = authz.topics_allowed(ctx, AclOperation.DESCRIBE, (t.topic for t in request.topics))
     for topic in request.topics:
         record = snapshot.topics.get(topic.topic)
         for wanted in topic.partitions:
             key = (topic.topic, int(wanted.partition))
             current_epoch = int(wanted.current_leader_epoch)
-            error = list_offsets.check_partition(leaders, record, key[1], current_epoch)
+            error = (
+                list_offsets.check_partition(leaders, record, key[1], current_epoch)
+                if topic.topic in described
+                else ErrorCode.topic_authorization_failed
+            )
             if error is not None:
                 answers[key] = OffsetAnswer(error_code=int(error))
             else:
