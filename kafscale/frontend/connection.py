@@ -63,6 +63,7 @@ ABANDONABLE = {1}  # API keys safe to cut short when the client is gone: Fetch
 # one of them in flight at a time, as Kafka has every request. Clients send one Fetch per broker
 # at a time anyway; pipelined ones (a hostile client) would otherwise pin a response each.
 ONE_AT_A_TIME = {1}
+FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 RAW_TOKEN = -2  # not an API key: a bare SASL token after a SaslHandshake v0
 SASL_STEPS = {sasl.SASL_HANDSHAKE, sasl.SASL_AUTHENTICATE, RAW_TOKEN}  # run one at a time
 READ_CHUNK = 256 * 1024
@@ -233,6 +234,11 @@ class Connection:
                     self._in_flight.put_nowait(request)
                     if api_key in SASL_STEPS and auth.sasl:
                         await asyncio.wait((request.task,))  # the state it leaves decides
+                        if auth.state is sasl.State.FAILED and not self._closing.is_set():
+                            # Kafka's connection.failed.authentication.delay.ms: the answer is
+                            # read before the close (a client that reads it in the same
+                            # receive as the close would drop it) and a guesser is slowed.
+                            await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
                         if self._closing.is_set() or auth.state is sasl.State.FAILED:
                             self.close()  # after the answer (a failure's) is written
                             return

@@ -1,22 +1,29 @@
 """What the consumer-group handlers share: asking the coordinator process, and the answer when
 it cannot be reached (COORDINATOR_NOT_AVAILABLE, which makes clients look for the coordinator
-again and retry)."""
+again and retry). With ACLs on, the handlers refuse a group the principal may not act on with
+GROUP_AUTHORIZATION_FAILED before the coordinator hears of it (``group_allowed``,
+``ask_authorized``)."""
 
 from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import RpcError
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, response_schema
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=messages.Message)
+R = TypeVar("R")
 DEFAULT_TIMEOUT_S = 30.0
 NO_THROTTLE = datetime.timedelta(0)
 
@@ -37,6 +44,39 @@ async def ask(
         log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})
         return ErrorCode.coordinator_not_available
     return reply
+
+
+def group_allowed(
+    ctx: RequestContext, operation: AclOperation, group_id: str, *, count_denial: bool = True
+) -> bool:
+    """May the principal do ``operation`` on the group (always, without an authorizer)?"""
+    return authz.allowed(ctx, operation, ResourceType.GROUP, group_id, count_denial=count_denial)
+
+
+async def ask_authorized(
+    ctx: RequestContext,
+    operation: AclOperation,
+    group_id: str,
+    request: messages.Message,
+    expected: type[M],
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> M | ErrorCode:
+    """``ask``, if the principal may do ``operation`` on the group; GROUP_AUTHORIZATION_FAILED
+    otherwise, whether the group exists or not, and the coordinator hears nothing."""
+    if not group_allowed(ctx, operation, group_id):
+        return ErrorCode.group_authorization_failed
+    return await ask(ctx, request, expected, timeout)
+
+
+def in_request_order(
+    permitted: Sequence[bool], answers: Iterable[R], refusal: Callable[[int], R]
+) -> list[R]:
+    """The coordinator's ``answers`` to the permitted items of a request (one each, in order)
+    and ``refusal(index)`` for the others, in the request's order."""
+    if all(permitted):
+        return list(answers)
+    given = iter(answers)
+    return [next(given) if ok else refusal(index) for index, ok in enumerate(permitted)]
 
 
 def schema(ctx: RequestContext, api_key: int) -> type[Any]:

@@ -1,28 +1,52 @@
 """DescribeGroups (key 15), v0-v5: state, protocol and members (with their subscriptions and
-assignments while the group is stable). An unknown group is described as Dead, as Kafka does."""
+assignments while the group is stable). An unknown group is described as Dead, as Kafka does.
+
+With ACLs on, a group the principal may not DESCRIBE is GROUP_AUTHORIZATION_FAILED and not asked
+for; authorized operations (v3+, when asked for) are the principal's on the group (KIP-430).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import ask, respond, schema
+from kafscale.frontend.handlers._groups import (
+    ask,
+    group_allowed,
+    in_request_order,
+    respond,
+    schema,
+)
 from kafscale.ipc import messages
+from kafscale.protocol.acls import NOT_REQUESTED, AclOperation
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType
 
 API_KEY = 15
 MIN_VERSION, MAX_VERSION = 0, 5
-NOT_REQUESTED = -(2**31)  # authorized_operations when not asked for
+
+
+def _failed(group_id: str, error: int) -> messages.GroupDescription:
+    return messages.GroupDescription(group_id, error, "", "", "", [])
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
     group_ids = list(request.groups)
-    reply = await ask(ctx, messages.DescribeGroups(group_ids), messages.GroupsDescribed)
-    if isinstance(reply, ErrorCode):
-        reply = messages.GroupsDescribed(
-            [messages.GroupDescription(g, int(reply), "", "", "", []) for g in group_ids]
+    permitted = [group_allowed(ctx, AclOperation.DESCRIBE, g) for g in group_ids]
+    asked = [g for g, ok in zip(group_ids, permitted, strict=True) if ok]
+    described: list[messages.GroupDescription] = []
+    if asked or all(permitted):
+        reply = await ask(ctx, messages.DescribeGroups(asked), messages.GroupsDescribed)
+        described = (
+            [_failed(g, int(reply)) for g in asked]
+            if isinstance(reply, ErrorCode)
+            else reply.groups
         )
+    denied = int(ErrorCode.group_authorization_failed)
+    groups = in_request_order(permitted, described, lambda i: _failed(group_ids[i], denied))
+    with_operations = bool(getattr(request, "include_authorized_operations", False))
     group_class = element(schema(ctx, API_KEY), "groups")
     member_class = element(group_class, "members")
     return respond(
@@ -48,8 +72,13 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                     )
                     for m in g.members
                 ),
-                authorized_operations=NOT_REQUESTED,
+                # As Kafka: only for a group described without error.
+                authorized_operations=authz.authorized_operations(
+                    ctx, ResourceType.GROUP, g.group_id
+                )
+                if with_operations and not g.error_code
+                else NOT_REQUESTED,
             )
-            for g in reply.groups
+            for g in groups
         ),
     )

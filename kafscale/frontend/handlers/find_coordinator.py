@@ -18,6 +18,10 @@ As Kafka does, the first group lookup creates the internal topic ``__consumer_of
 coordinator decides the count: ``kafscale.coordinator.topics``). Its partitions hold no data
 (groups and offsets are metadata records); clients see an internal topic, which e.g. regex
 subscriptions leave out.
+
+With ACLs on, a group key needs DESCRIBE on the group (Kafka's check), else it is answered
+GROUP_AUTHORIZATION_FAILED, per key from v4, whether the group exists or not; only an authorized
+lookup creates ``__consumer_offsets``.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import respond, schema
+from kafscale.frontend.handlers._groups import group_allowed, respond, schema
 from kafscale.frontend.leaders import live_brokers
 from kafscale.ipc.messages import TopicSpec
 from kafscale.metadata.group_partition import group_partition
 from kafscale.metadata.records import BrokerRecord
 from kafscale.metadata.topic_names import OFFSETS_TOPIC
 from kafscale.metadata.view import Snapshot
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 
@@ -50,15 +55,27 @@ class Found(NamedTuple):
     port: int = -1
 
 
+REFUSED = Found(ErrorCode.group_authorization_failed)
+
+
 async def handle(ctx: RequestContext, request: Any) -> Any:
     key_type = int(getattr(request, "key_type", GROUP))
     keys = request.coordinator_keys if ctx.version >= BATCHED_VERSION else [request.key]
-    if key_type == GROUP and any(keys):
+    # Authorization first: a refused key learns nothing, and creates nothing.
+    refused = (
+        {key for key in dict.fromkeys(keys) if not group_allowed(ctx, AclOperation.DESCRIBE, key)}
+        if key_type == GROUP
+        else set()
+    )
+    if key_type == GROUP and any(key and key not in refused for key in keys):
         await _ensure_offsets_topic(ctx)
     snapshot = ctx.broker.view.snapshot
     # At their endpoints on the request's listener; us even before our registration is seen.
     brokers = {b.node_id: b for b in live_brokers(ctx, snapshot.brokers)}
-    found = {key: coordinator(snapshot, brokers, key_type, key) for key in keys}
+    found = {
+        key: REFUSED if key in refused else coordinator(snapshot, brokers, key_type, key)
+        for key in keys
+    }
     if ctx.version >= BATCHED_VERSION:
         entry = element(schema(ctx, API_KEY), "coordinators")
         return respond(

@@ -1,13 +1,15 @@
 """JoinGroup (key 11), v0-v9, answered by the coordinator's group state machine once the group's
-join phase completes (which may take up to the rebalance timeout)."""
+join phase completes (which may take up to the rebalance timeout). With ACLs on it needs READ on
+the group, else GROUP_AUTHORIZATION_FAILED without reaching the coordinator."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import ask, client_host, respond, schema
+from kafscale.frontend.handlers._groups import ask_authorized, client_host, respond, schema
 from kafscale.ipc import messages
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 
@@ -39,7 +41,10 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         require_known_member_id=ctx.version >= MEMBER_ID_REQUIRED_VERSION,
         reason=getattr(request, "reason", None),
     )
-    reply = await ask(ctx, join, messages.JoinGroupResult, rebalance_ms / 1000 + SLACK_S)
+    timeout = rebalance_ms / 1000 + SLACK_S
+    reply = await ask_authorized(
+        ctx, AclOperation.READ, request.group_id, join, messages.JoinGroupResult, timeout
+    )
     if isinstance(reply, ErrorCode):
         reply = messages.JoinGroupResult(int(reply), member_id=request.member_id)
     member = element(schema(ctx, API_KEY), "members")

@@ -1,12 +1,15 @@
-"""LeaveGroup (key 13), v0-v5 (several members at once from v3, by instance id for static ones)."""
+"""LeaveGroup (key 13), v0-v5 (several members at once from v3, by instance id for static ones).
+With ACLs on it needs READ on the group, else the top-level error is GROUP_AUTHORIZATION_FAILED
+(no member results, as Kafka answers) and the coordinator hears nothing."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import ask, respond, schema
+from kafscale.frontend.handlers._groups import ask_authorized, respond, schema
 from kafscale.ipc import messages
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 
@@ -25,8 +28,12 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         if batched
         else [messages.LeavingMember(request.member_id)]
     )
-    reply = await ask(
-        ctx, messages.LeaveGroup(request.group_id, members), messages.LeaveGroupResult
+    reply = await ask_authorized(
+        ctx,
+        AclOperation.READ,
+        request.group_id,
+        messages.LeaveGroup(request.group_id, members),
+        messages.LeaveGroupResult,
     )
     if isinstance(reply, ErrorCode):
         return respond(ctx, API_KEY, error_code=reply, members=())

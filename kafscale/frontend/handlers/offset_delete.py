@@ -1,13 +1,17 @@
 """OffsetDelete (key 47), v0: remove a group's committed offsets, except for topics its active
-members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC)."""
+members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC). With ACLs on, as Kafka: without DELETE on the
+group the answer is GROUP_AUTHORIZATION_FAILED; the partitions of a topic the principal may not
+READ are TOPIC_AUTHORIZATION_FAILED, whether it exists or not, and never reach the coordinator."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import ask, respond, schema
+from kafscale.frontend.handlers._groups import ask, group_allowed, respond, schema
 from kafscale.ipc import messages
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 
@@ -16,6 +20,9 @@ MIN_VERSION, MAX_VERSION = 0, 0
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
+    if not group_allowed(ctx, AclOperation.DELETE, request.group_id):
+        return respond(ctx, API_KEY, error_code=ErrorCode.group_authorization_failed, topics=())
+    readable = authz.topics_allowed(ctx, AclOperation.READ, (t.name for t in request.topics))
     topics = ctx.broker.view.snapshot.topics
     errors: dict[tuple[str, int], int] = {}
     wanted = []
@@ -23,7 +30,9 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         record = topics.get(topic.name)
         for p in topic.partitions:
             key = (topic.name, int(p.partition_index))
-            if record is None or not 0 <= key[1] < record.partitions:
+            if topic.name not in readable:  # before existence: nothing is revealed
+                errors[key] = int(ErrorCode.topic_authorization_failed)
+            elif record is None or not 0 <= key[1] < record.partitions:
                 errors[key] = int(ErrorCode.unknown_topic_or_partition)
             else:
                 wanted.append(key)

@@ -1,12 +1,15 @@
-"""SyncGroup (key 14), v0-v5: members wait for the leader's assignment, then each gets its own."""
+"""SyncGroup (key 14), v0-v5: members wait for the leader's assignment, then each gets its own.
+With ACLs on it needs READ on the group, else GROUP_AUTHORIZATION_FAILED without reaching the
+coordinator."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import ask, respond
+from kafscale.frontend.handlers._groups import ask_authorized, respond
 from kafscale.ipc import messages
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.errors import ErrorCode
 
 API_KEY = 14
@@ -25,7 +28,9 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         protocol_name=getattr(request, "protocol_name", None),
         assignments=[(a.member_id, bytes(a.assignment)) for a in request.assignments],
     )
-    reply = await ask(ctx, sync, messages.SyncGroupResult, TIMEOUT_S)
+    reply = await ask_authorized(
+        ctx, AclOperation.READ, request.group_id, sync, messages.SyncGroupResult, TIMEOUT_S
+    )
     if isinstance(reply, ErrorCode):
         reply = messages.SyncGroupResult(int(reply))
     return respond(

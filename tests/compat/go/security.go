@@ -1,7 +1,8 @@
 package main
 
-// How every client of the driver connects: read once from the environment (tests/harness/drivers.py
-// sets these; unset, the driver connects in plaintext without authentication, as it always did).
+// How every client of the driver connects (newClient), read from the environment in this one
+// place: tests/harness/drivers.py sets these; unset, the driver connects in plaintext without
+// authentication, as it always did.
 //
 //	KAFSCALE_DRIVER_SECURITY_PROTOCOL  PLAINTEXT (the default), SSL, SASL_PLAINTEXT or SASL_SSL
 //	KAFSCALE_DRIVER_CA_FILE            SSL, SASL_SSL: PEM CA certificates to trust (default: the
@@ -33,9 +34,12 @@ func securityOpts() ([]kgo.Opt, error) {
 	mechanism := os.Getenv(envPrefix + "SASL_MECHANISM")
 	user := os.Getenv(envPrefix + "SASL_USERNAME")
 	pass := os.Getenv(envPrefix + "SASL_PASSWORD")
+	if protocol == "" {
+		protocol = "PLAINTEXT"
+	}
 	var useTLS, useSASL bool
 	switch protocol {
-	case "", "PLAINTEXT":
+	case "PLAINTEXT":
 	case "SSL":
 		useTLS = true
 	case "SASL_PLAINTEXT":
@@ -43,13 +47,17 @@ func securityOpts() ([]kgo.Opt, error) {
 	case "SASL_SSL":
 		useTLS, useSASL = true, true
 	default:
-		return nil, fmt.Errorf("%sSECURITY_PROTOCOL=%q: want PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL", envPrefix, protocol)
+		return nil, fmt.Errorf("%sSECURITY_PROTOCOL=%s: want PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL", envPrefix, protocol)
 	}
 	if !useTLS && caFile != "" {
-		return nil, fmt.Errorf("%sCA_FILE is set but the security protocol %q has no TLS", envPrefix, protocol)
+		return nil, fmt.Errorf("%sCA_FILE: %s has no TLS", envPrefix, protocol)
 	}
-	if !useSASL && (mechanism != "" || user != "" || pass != "") {
-		return nil, fmt.Errorf("%sSASL_* are set but the security protocol %q has no SASL", envPrefix, protocol)
+	if !useSASL {
+		for _, name := range []string{"SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD"} {
+			if os.Getenv(envPrefix+name) != "" {
+				return nil, fmt.Errorf("%s%s: %s has no SASL", envPrefix, name, protocol)
+			}
+		}
 	}
 	var opts []kgo.Opt
 	if useTLS {
@@ -79,7 +87,7 @@ func securityOpts() ([]kgo.Opt, error) {
 		case "PLAIN":
 			chosen = plain.Auth{User: user, Pass: pass}.AsMechanism()
 		default:
-			return nil, fmt.Errorf("%sSASL_MECHANISM=%q: want SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN", envPrefix, mechanism)
+			return nil, fmt.Errorf("%sSASL_MECHANISM=%s: want SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN", envPrefix, mechanism)
 		}
 		opts = append(opts, kgo.SASL(chosen))
 	}

@@ -22,8 +22,9 @@
 // Binary data is base64 (B); null stays null. kafkajs logs go to stderr (stdout is the protocol).
 //
 // Security: every client (produce, consume, and group.js's members and admin) connects as the
-// environment says, read once by security() below (tests/harness/drivers.py sets it); unset, in
-// plaintext without authentication, as before. A variable the protocol does not use is refused.
+// environment says, read in one place, security() below (tests/harness/drivers.py sets it);
+// unset, in plaintext without authentication, as before. A variable the protocol does not use is
+// refused (exit 2).
 //   KAFSCALE_DRIVER_SECURITY_PROTOCOL  PLAINTEXT (the default), SSL, SASL_PLAINTEXT or SASL_SSL
 //   KAFSCALE_DRIVER_CA_FILE            SSL, SASL_SSL: PEM CA certificates to trust (default:
 //                                      Node's); the broker's name is checked against its address
