@@ -274,3 +274,53 @@ def test_kafka_acls_adds_lists_and_removes(
     assert "operation=WRITE" not in listed and "operation=DESCRIBE" in listed
     refused = alice_kcat(kcat, secure, "-P", "-t", "team-orders", stdin="y\n")
     assert "Topic authorization failed" in refused.stderr
+
+
+@pytest.mark.compat("acl", param="client")
+@pytest.mark.parametrize("client", ["franz-go", "kafkajs"])
+def test_drivers_get_topic_authorization_failed(acl_broker: Secure, kcat: str, client: str) -> None:
+    from tests.harness.drivers import DriverSecurity
+    from tests.harness.franz_go import FranzGo
+    from tests.harness.kafkajs import KafkaJs
+    from tests.harness.procs import HarnessError
+    from tests.harness.roundtrip import Record
+
+    secure = acl_broker
+    topic = f"{client}-{uuid.uuid4().hex[:6]}"
+    created = kcat_sasl(kcat, secure, "-P", "-t", topic, stdin="by-admin\n")
+    assert created.returncode == 0, created.stderr
+    security = DriverSecurity.scram_over_tls(secure.pki.ca_file, ALICE, ALICE_PASSWORD)
+    kind = FranzGo if client == "franz-go" else KafkaJs
+    try:
+        as_alice = kind(security=security)
+    except HarnessError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with pytest.raises(HarnessError) as refused:
+        as_alice.produce(secure.address(secure.sasl_ssl), topic, [Record(0, b"k", b"v")], "none")
+    text = str(refused.value).lower()
+    assert "authoriz" in text, refused.value
+
+
+@pytest.mark.compat("acl", "kafka-python")
+def test_kafka_python_gets_topic_authorization_failed(acl_broker: Secure, kcat: str) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import TopicAuthorizationFailedError
+
+    secure = acl_broker
+    topic = f"kp-{uuid.uuid4().hex[:6]}"
+    created = kcat_sasl(kcat, secure, "-P", "-t", topic, stdin="by-admin\n")
+    assert created.returncode == 0, created.stderr
+    producer = KafkaProducer(
+        bootstrap_servers=secure.address(secure.sasl_ssl),
+        security_protocol="SASL_SSL",
+        ssl_cafile=str(secure.pki.ca_file),
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username=ALICE,
+        sasl_plain_password=ALICE_PASSWORD,
+        max_block_ms=15000,
+    )
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send(topic, b"x").get(30)
+    finally:
+        producer.close(5)
