@@ -15,6 +15,7 @@ import json
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import time
 import uuid
@@ -459,3 +460,77 @@ def test_a_replaced_certificate_is_served_without_a_restart(
     assert before != wanted
     assert "TLS certificate reloaded" in secure.broker.log_text()
     assert 'kafscale_tls_reloads_total{result="loaded"}' in secure.broker.metrics_text()
+
+
+@pytest.mark.java
+def test_java_re_authenticates_when_its_session_expires(
+    start_broker: Callable[..., Any], tmp_path: Path, java_probe: Callable[..., Any], kcat: str
+) -> None:
+    """KIP-368: with KAFSCALE_CONNECTIONS_MAX_REAUTH_MS the broker gives each SASL session a
+    lifetime; the Java client re-authenticates on its connection before it ends, and keeps
+    producing without an error."""
+    secure = start_secure(start_broker, tmp_path, KAFSCALE_CONNECTIONS_MAX_REAUTH_MS="1500")
+    topic = f"reauth-{uuid.uuid4().hex[:6]}"
+    created = kcat_sasl(kcat, secure, "-P", "-t", topic, stdin="first\n")
+    assert created.returncode == 0, created.stderr
+    result = java_probe(
+        "4",
+        "produce-load",
+        "--bootstrap",
+        secure.address(secure.sasl_ssl),
+        "--topic",
+        topic,
+        "--partitions",
+        "1",
+        "--rate",
+        "40",
+        "--duration-ms",
+        "8000",
+        "--stdin",
+        "ignore",
+        *java_sasl_configs(secure),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    done = [e for e in events if e.get("event") == "done"]
+    assert done and done[0]["acked"] == done[0]["sent"] > 100, done
+    assert not [e for e in events if e.get("event") == "send-failed"]
+    reauthenticated = [
+        float(line.rpartition(" ")[2])
+        for line in secure.broker.metrics_text().splitlines()
+        if line.startswith("kafscale_sasl_authentications_total{")
+        and 'result="reauthenticated"' in line
+    ]
+    assert sum(reauthenticated) >= 3  # several sessions of 1.5 s in 8 s, on each connection
+
+
+def test_hostile_sasl_input_is_refused_and_hurts_no_one(secure: Secure, kcat: str) -> None:
+    """Garbage tokens, an oversize frame before authentication and a flood of failed handshakes:
+    each connection is answered or closed with a log line, and an honest client is served
+    throughout (docs/design/security.md, section 8)."""
+    address = ("127.0.0.1", secure.sasl_plaintext)
+    handshake = codec.build(load_request_schema(17, 1), mechanism="SCRAM-SHA-512")
+    with Wire(address) as wire:
+        wire.send(handshake, correlation_id=1)
+        assert wire.read_response(load_response_schema(17, 1))[1].error_code == 0
+        garbage = codec.build(load_request_schema(36, 2), auth_bytes=b"\xff\x00not scram" * 50)
+        wire.send(garbage, correlation_id=2)
+        _, refused = wire.read_response(load_response_schema(36, 2))
+        assert refused.error_code == 58  # SASL_AUTHENTICATION_FAILED
+        assert wire.is_closed_by_peer()
+    with Wire(address) as wire:
+        wire.send_raw(struct.pack(">i", 600 * 1024) + b"\x00\x24\x00\x02")  # > 512 KiB
+        assert wire.is_closed_by_peer()
+    for _ in range(100):
+        with Wire(address) as wire:
+            wire.send(handshake, correlation_id=1)
+            wire.read_response(load_response_schema(17, 1))
+            wire.send(codec.build(load_request_schema(36, 2), auth_bytes=b"x"), correlation_id=2)
+            wire.read_response(load_response_schema(36, 2))
+    listing = kcat_sasl(kcat, secure, "-L", "-J")
+    assert listing.returncode == 0, listing.stderr
+    assert secure.broker.running
+    log = secure.broker.log_text()
+    assert "before authentication exceeds the maximum" in log
+    assert log.count("SASL authentication failed") < 20  # one line per address per 10 s
