@@ -29,6 +29,7 @@ from kafscale.metadata.records import AclRecord
 from kafscale.protocol.acls import AclOperation
 from kafscale.security.authorizer import (
     SUPPORTED_OPERATIONS,
+    WILDCARD_PRINCIPAL,
     AclBinding,
     AclPermissionType,
     Authorizer,
@@ -41,8 +42,9 @@ from kafscale.security.authorizer import (
 log = logging.getLogger(__name__)
 
 CLUSTER = "kafka-cluster"
+UNNAMED = "hardcode"  # Kafka's stand-in for "a topic no ACL names" (authorizeByResourceType)
 _denials_logged = LogLimiter(60.0)
-_built: tuple[dict[str, AclRecord], Authorizer] | None = None
+_built: tuple[dict[str, AclRecord], tuple[str, ...], bool, Authorizer] | None = None
 
 
 def binding_of(record: AclRecord | AclValue) -> AclBinding:
@@ -57,8 +59,9 @@ def authorizer(broker: Broker) -> Authorizer | None:
     if config.authorizer != "acl":
         return None
     acls = broker.view.snapshot.acls
-    if _built is not None and _built[0] is acls:
-        return _built[1]
+    settings = (config.super_users, config.allow_everyone_if_no_acl_found)
+    if _built is not None and _built[0] is acls and _built[1:3] == settings:
+        return _built[3]
     bindings = []
     for key, record in acls.items():
         binding = binding_of(record)
@@ -69,7 +72,7 @@ def authorizer(broker: Broker) -> Authorizer | None:
     built = Authorizer(
         bindings, frozenset(config.super_users), config.allow_everyone_if_no_acl_found
     )
-    _built = (acls, built)
+    _built = (acls, *settings, built)
     return built
 
 
@@ -159,33 +162,47 @@ def may_create_topic(ctx: RequestContext, name: str, *, count_denial: bool = Tru
 
 def may_write_some_topic(ctx: RequestContext) -> bool:
     """Kafka's ``authorizeByResourceType(TOPIC, WRITE)`` (KIP-679: an idempotent producer needs
-    WRITE on some topic or IDEMPOTENT_WRITE on the cluster): an ALLOW of WRITE (or ALL) on any
-    topic pattern for this principal (or ``User:*``) and host, unless a DENY on every topic
-    (literal ``*``) shadows it; with no topic ACL at all, ``allow_if_no_acl_found``."""
+    WRITE on some topic or IDEMPOTENT_WRITE on the cluster). As Kafka: a topic no ACL names
+    decides first (super users, allow-everyone, an ALLOW on every topic); else some ALLOW of
+    WRITE (or ALL) for this principal (or ``User:*``) and host that no DENY shadows (a DENY of
+    the same literal name, of a prefix of it, or of every topic)."""
     decider = authorizer(ctx.broker)
-    if decider is None or ctx.session.principal in decider.super_users:
+    if decider is None:
         return True
     principal, address = ctx.session.principal, host(ctx)
-    writes = (AclOperation.WRITE, AclOperation.ALL)
-    on_topics = [
-        b
-        for b in map(binding_of, ctx.broker.view.snapshot.acls.values())
-        if b.resource_type == ResourceType.TOPIC
-    ]
-    if not on_topics:
-        return decider.allow_if_no_acl_found
-    mine = [
-        b
-        for b in on_topics
-        if b.principal in (principal, "User:*")
-        and b.host in (address, "*")
-        and b.operation in writes
-    ]
-    if any(
-        b.permission_type == AclPermissionType.DENY
-        and b.pattern_type == PatternType.LITERAL
-        and b.resource_name == "*"
-        for b in mine
-    ):
-        return False
-    return any(b.permission_type == AclPermissionType.ALLOW for b in mine)
+    if decider.authorize(principal, address, AclOperation.WRITE, ResourceType.TOPIC, UNNAMED):
+        return True
+    denied_names: dict[PatternType, set[str]] = {
+        PatternType.LITERAL: set(),
+        PatternType.PREFIXED: set(),
+    }
+    allowed_names: dict[PatternType, set[str]] = {
+        PatternType.LITERAL: set(),
+        PatternType.PREFIXED: set(),
+    }
+    for binding in map(binding_of, ctx.broker.view.snapshot.acls.values()):
+        if (
+            binding.resource_type != ResourceType.TOPIC
+            or binding.principal not in (principal, WILDCARD_PRINCIPAL)
+            or binding.host not in (address, "*")
+            or binding.operation not in (AclOperation.WRITE, AclOperation.ALL)
+        ):
+            continue
+        every = binding.pattern_type == PatternType.LITERAL and binding.resource_name == "*"
+        if binding.permission_type == AclPermissionType.DENY:
+            if every:
+                return False
+            denied_names[binding.pattern_type].add(binding.resource_name)
+        elif binding.permission_type == AclPermissionType.ALLOW:
+            if every:
+                return True
+            allowed_names[binding.pattern_type].add(binding.resource_name)
+    for kind, names in allowed_names.items():
+        for name in names:
+            if kind == PatternType.LITERAL and name in denied_names[PatternType.LITERAL]:
+                continue
+            prefixes = (name[:i] for i in range(1, len(name) + 1))
+            if any(prefix in denied_names[PatternType.PREFIXED] for prefix in prefixes):
+                continue
+            return True
+    return False

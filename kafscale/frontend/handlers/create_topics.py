@@ -17,8 +17,10 @@ from kafscale.frontend import authz
 from kafscale.frontend.configs import topic_configs_of
 from kafscale.frontend.context import RequestContext
 from kafscale.ipc.messages import TopicResult, TopicSpec
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType
 
 API_KEY = 19
 MIN_VERSION, MAX_VERSION = 2, 7
@@ -39,7 +41,10 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             refused[index] = problem
         else:
             specs.append(spec)
-    answers = iter(await ctx.broker.coordinator.create_topics(specs, request.validate_only))
+    created = (
+        await ctx.broker.coordinator.create_topics(specs, request.validate_only) if specs else []
+    )
+    answers = iter(created)
     results = [refused.get(index) or next(answers) for index in range(len(request.topics))]
     topics = tuple(_result(ctx, schema, result) for result in results)
     return build(schema, throttle_time=datetime.timedelta(0), topics=topics)
@@ -74,7 +79,16 @@ def _describes_configs(schema: type[Any]) -> bool:
 def _result(ctx: RequestContext, schema: type[Any], result: TopicResult) -> Any:
     ok = result.error_code == 0
     configs = None
-    if ok and _describes_configs(schema):
+    # Kafka tells the new topic's configs, partitions and replication only with DESCRIBE_CONFIGS
+    # on it.
+    described = not ok or authz.allowed(
+        ctx,
+        AclOperation.DESCRIBE_CONFIGS,
+        ResourceType.TOPIC,
+        result.name or "",
+        count_denial=False,
+    )
+    if ok and described and _describes_configs(schema):
         config_class = nested(schema, "CreatableTopicConfigs")
         configs = tuple(
             build(
@@ -93,8 +107,8 @@ def _result(ctx: RequestContext, schema: type[Any], result: TopicResult) -> Any:
         topic_id=uuid.UUID(result.topic_id) if ok and result.topic_id else uuid.UUID(int=0),
         error_code=ErrorCode(result.error_code),
         error_message=result.error_message,
-        topic_config_error_code=0,
-        num_partitions=result.partitions if ok else -1,
-        replication_factor=result.replication_factor if ok else -1,
+        topic_config_error_code=0 if described else ErrorCode.topic_authorization_failed,
+        num_partitions=result.partitions if ok and described else -1,
+        replication_factor=result.replication_factor if ok and described else -1,
         configs=configs,
     )

@@ -59,7 +59,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         refused.append(_denied(result_class, None, uuid.UUID(topic_id)))
     names = [n for n in names if n in allowed]
     ids = [i for i in ids if i not in by_id or by_id[i].name in allowed]
-    results = await ctx.broker.coordinator.delete_topics(names, ids)
+    results = await ctx.broker.coordinator.delete_topics(names, ids) if names or ids else []
     responses = tuple(
         build(
             result_class,

@@ -76,11 +76,20 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         selected = _selected(ctx.version, request, snapshot.topics)
     leaders = Leaders(ctx, snapshot)
     topics = []
-    for name, topic_id, record in selected:
+    for index, (name, topic_id, record) in enumerate(selected):
         failed = errors.get(name) if name is not None and record is None else None
         if name is not None and name not in described:
             if not every:
-                topics.append(_topic_error(schema, name, ErrorCode.topic_authorization_failed))
+                # Asked by id, the answer carries the id and never the name (Kafka).
+                by_id = request.topics[index].name is None
+                topics.append(
+                    _topic_error(
+                        schema,
+                        None if by_id else name,
+                        ErrorCode.topic_authorization_failed,
+                        topic_id if by_id and topic_id is not None else NO_UUID,
+                    )
+                )
         elif name is not None and failed is not None:
             topics.append(_topic_error(schema, name, ErrorCode(failed.error_code)))
         else:
@@ -132,12 +141,14 @@ def _may_auto_create(ctx: RequestContext, request: Any) -> bool:
     return allowed and ctx.broker.config.auto_create_topics
 
 
-def _topic_error(schema: type[Any], name: str, error: ErrorCode) -> Any:
+def _topic_error(
+    schema: type[Any], name: str | None, error: ErrorCode, topic_id: uuid.UUID = NO_UUID
+) -> Any:
     return build(
         nested(schema, "MetadataResponseTopic"),
         error_code=error,
         name=name,
-        topic_id=NO_UUID,
+        topic_id=topic_id,
         partitions=(),
     )
 
