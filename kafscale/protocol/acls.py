@@ -1,6 +1,6 @@
-"""Authorized operations as Kafka reports them when no authorizer is configured (KafScale has
-none): every operation the resource type supports, as a bit field of ``AclOperation`` codes
-(KIP-430). Requests that do not ask for them get ``NOT_REQUESTED``."""
+"""ACL operation codes (``AclOperation``) and KIP-430's authorized-operations bit fields: every
+operation a resource type supports (what Kafka reports without an authorizer), and
+``NOT_REQUESTED`` for requests that do not ask (``kafscale.frontend.authz`` decides the rest)."""
 
 from __future__ import annotations
 

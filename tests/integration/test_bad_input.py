@@ -75,9 +75,10 @@ def test_bad_input_is_answered_or_closed_and_others_keep_working(
         wire.send(request, correlation_id=31)
         correlation_id, response = wire.read_response(load_response_schema(3, 13))
         assert (correlation_id, response.error_code) == (31, ErrorCode.unsupported_version)
-        # An API not implemented at all (SaslAuthenticate v0): error response, connection stays.
-        wire.send(codec.build(load_request_schema(36, 0), auth_bytes=b""), correlation_id=32)
-        correlation_id, response = wire.read_response(load_response_schema(36, 0))
+        # An API not implemented at all (DescribeDelegationToken v1): error response, the
+        # connection stays.
+        wire.send(codec.build(load_request_schema(41, 1), owners=None), correlation_id=32)
+        correlation_id, response = wire.read_response(load_response_schema(41, 1))
         assert (correlation_id, response.error_code) == (32, ErrorCode.unsupported_version)
         # ApiVersions newer than ours: the v0 answer (KIP-511), connection stays.
         wire.send_raw(_frame(struct.pack(">hhi", 18, 99, 33) + b"\x00"))

@@ -3,9 +3,10 @@
 Answered from the watched metadata view, like Metadata: the registered brokers (this one always
 included), none of them fenced, and this broker as the controller (a broker answering
 DescribeCluster in Kafka names an alive broker). Only broker endpoints can be described
-(``endpoint_type`` 2, controllers: UNSUPPORTED_ENDPOINT_TYPE, as a Kafka broker answers). There
-is no authorizer: asked for, the cluster's authorized operations are every cluster operation, as
-Kafka reports them when no authorizer is configured.
+(``endpoint_type`` 2, controllers: UNSUPPORTED_ENDPOINT_TYPE, as a Kafka broker answers). Each
+broker is described at its endpoint on the request's listener. Asked for, the cluster's
+authorized operations come from ``kafscale.frontend.authz``: the ACLs' grants, or every cluster
+operation without an authorizer, as Kafka reports them. As in Kafka, no ACL is needed to ask.
 """
 
 from __future__ import annotations
