@@ -102,6 +102,8 @@ class Measurement:
     peak_memory_mib: float = 0.0
     s3_requests: dict[str, int] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
+    # How the clients connected: "PLAINTEXT", or "SASL_SSL" (bench/security.py).
+    security: str = "PLAINTEXT"
 
     @property
     def gib(self) -> float:
@@ -118,8 +120,9 @@ class Bench:
 
     def topic(self, partitions: int, name: str | None = None) -> str:
         topic = name or f"bench-{uuid.uuid4().hex[:10]}"
-        py.create_topic(self.target.bootstrap, topic, partitions)
-        py.wait_for_leaders(self.target.bootstrap, topic, partitions)
+        security = self.target.client_config()
+        py.create_topic(self.target.bootstrap, topic, partitions, security)
+        py.wait_for_leaders(self.target.bootstrap, topic, partitions, security=security)
         return topic
 
     def measured(self, client: str, work: Callable[[], py.Run], settle: bool = False) -> None:
@@ -153,6 +156,7 @@ class Bench:
             peak_memory_mib=usage.peak_pss_bytes / (1 << 20),
             s3_requests=dict(requests),
             extra=run.extra,
+            security=self.target.security_label,
         )
         if run.seconds > 0:
             # What the broker spends per second of the client's run (runs of one scenario
@@ -183,13 +187,18 @@ class Bench:
             num_records=records,
             record_size=self.settings.record_size,
             producer_props={**self.settings.producer_config(acks), **(extra_props or {})},
+            command_config=self.target.java_config_file(),
         )
         report = parse_producer_performance(run_tool(argv, timeout=900)).total
         return producer_run(report, self.settings.record_size)
 
     def consumer_performance(self, topic: str, records: int) -> py.Run:
         argv = self.tools.consumer_performance_argv(
-            self.target.bootstrap, topic, num_records=records, poll_timeout_ms=60_000
+            self.target.bootstrap,
+            topic,
+            num_records=records,
+            poll_timeout_ms=60_000,
+            command_config=self.target.java_config_file(),
         )
         report = parse_consumer_performance(run_tool(argv, timeout=900))
         run = py.Run(report.records, int(report.mb * (1 << 20)), report.fetch_ms / 1000)
@@ -225,7 +234,8 @@ def producer_run(report: ProducerStats, record_size: int) -> py.Run:
 def summary(m: Measurement) -> str:
     latency = " ".join(f"{k}={v:.1f}ms" for k, v in m.latency_ms.items() if k != "avg")
     cpu = m.broker_cpu_seconds / m.gib if m.bytes else 0.0
+    secure = f" [{m.security}]" if m.security != "PLAINTEXT" else ""
     return (
-        f"{m.client:<20} {m.mb_per_sec:8.1f} MB/s {m.records_per_sec:10.0f} rec/s "
+        f"{m.client + secure:<20} {m.mb_per_sec:8.1f} MB/s {m.records_per_sec:10.0f} rec/s "
         f"cpu {cpu:6.1f} s/GiB mem {m.peak_memory_mib:6.0f} MiB {latency}"
     )

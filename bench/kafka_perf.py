@@ -264,8 +264,10 @@ class KafkaPerfTools:
         throughput: int = -1,
         warmup_records: int = 0,
         producer_props: Mapping[str, str] | None = None,
+        command_config: Path | None = None,
     ) -> list[str]:
-        """ProducerPerformance; throughput -1 sends as fast as the producer can."""
+        """ProducerPerformance; throughput -1 sends as fast as the producer can.
+        `command_config`: a properties file under `producer_props` (e.g. SASL_SSL's settings)."""
         args = [
             "--bootstrap-server", bootstrap,
             "--topic", topic,
@@ -274,6 +276,8 @@ class KafkaPerfTools:
             "--throughput", str(throughput),
             "--warmup-records", str(warmup_records),
         ]  # fmt: skip
+        if command_config is not None:
+            args += ["--command-config", str(command_config)]
         if producer_props:
             args += ["--command-property", *_properties(producer_props)]
         return self.argv(PRODUCER_PERFORMANCE_MAIN, *args)
@@ -287,6 +291,7 @@ class KafkaPerfTools:
         group: str | None = None,
         poll_timeout_ms: int = 10_000,
         consumer_props: Mapping[str, str] | None = None,
+        command_config: Path | None = None,
     ) -> list[str]:
         """ConsumerPerformance from the earliest offset, in a consumer group (a fresh random one
         unless `group` is given); it gives up after `poll_timeout_ms` without a record."""
@@ -298,6 +303,8 @@ class KafkaPerfTools:
         ]  # fmt: skip
         if group is not None:
             args += ["--group", group]
+        if command_config is not None:
+            args += ["--command-config", str(command_config)]
         for prop in _properties(consumer_props or {}):
             args += ["--command-property", prop]
         return self.argv(CONSUMER_PERFORMANCE_MAIN, *args)

@@ -30,6 +30,8 @@ from types import TracebackType
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from bench.security import SaslSsl
+
 BENCH_JAVA = Path(__file__).resolve().parent / "java"
 KAFKA_LIB = BENCH_JAVA / "target" / "lib"
 SERVER_LOG4J2 = BENCH_JAVA / "log4j2-server.properties"
@@ -125,7 +127,12 @@ class KafkaServer:
     broker answers a Metadata request; `stop()` sends SIGTERM (a controlled shutdown) and SIGKILLs
     a JVM that outlives the timeout. Usable as a context manager.
 
-    `overrides` replaces or adds server.properties entries (e.g. num.io.threads)."""
+    `overrides` replaces or adds server.properties entries (e.g. num.io.threads).
+
+    With `sasl_ssl` (and `sasl_ssl_port`) it also has a SASL_SSL listener there with SCRAM-SHA-512
+    (bench/security.py): the user is created when the log directory is formatted, and
+    `client_bootstrap` and `client_config` are that listener's; PLAINTEXT stays the inter-broker
+    listener."""
 
     def __init__(
         self,
@@ -136,9 +143,15 @@ class KafkaServer:
         group_initial_rebalance_delay_ms: int = 0,
         overrides: Mapping[str, str] | None = None,
         lib: Path = KAFKA_LIB,
+        sasl_ssl: SaslSsl | None = None,
+        sasl_ssl_port: int | None = None,
     ) -> None:
+        if (sasl_ssl is None) != (sasl_ssl_port is None):
+            raise ValueError("sasl_ssl and sasl_ssl_port go together")
         self.work_dir = work_dir
         self.port = port
+        self.sasl_ssl = sasl_ssl
+        self.sasl_ssl_port = sasl_ssl_port
         self.controller_port = controller_port
         self.group_initial_rebalance_delay_ms = group_initial_rebalance_delay_ms
         self.overrides = dict(overrides or {})
@@ -155,6 +168,17 @@ class KafkaServer:
     def bootstrap(self) -> str:
         """host:port of the PLAINTEXT listener, for bootstrap.servers."""
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def client_bootstrap(self) -> str:
+        """host:port the clients use: the SASL_SSL listener's when there is one."""
+        if self.sasl_ssl_port is not None:
+            return f"{LOOPBACK}:{self.sasl_ssl_port}"
+        return self.bootstrap
+
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka settings for `client_bootstrap` (none for PLAINTEXT)."""
+        return self.sasl_ssl.librdkafka() if self.sasl_ssl is not None else {}
 
     @property
     def pid(self) -> int:
@@ -187,6 +211,12 @@ class KafkaServer:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
         }
+        if self.sasl_ssl is not None:
+            secure = f"SASL_SSL://{self.client_bootstrap}"
+            props["listeners"] += f",{secure}"
+            props["advertised.listeners"] += f",{secure}"
+            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            props.update(self.sasl_ssl.kafka_properties())
         props.update(self.overrides)
         return props
 
@@ -264,6 +294,7 @@ class KafkaServer:
             "--config",
             str(self.config_path),
             "--standalone",
+            *(self.sasl_ssl.kafka_format_args() if self.sasl_ssl is not None else []),
             heap=[],
             log4j2=TOOLS_LOG4J2,
             lib=self.lib,
@@ -278,7 +309,9 @@ class KafkaServer:
             )
 
     def _wait_ready(self, deadline: float) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient(
+            {"bootstrap.servers": self.client_bootstrap, "log_level": 0, **self.client_config()}
+        )
         while True:
             assert self._proc is not None
             if (code := self._proc.poll()) is not None:
@@ -290,7 +323,7 @@ class KafkaServer:
                 pass  # not listening yet: librdkafka reports the timeout as an exception
             if time.monotonic() >= deadline:
                 raise KafkaServerError(
-                    f"Kafka did not answer on {self.bootstrap}\n{self._log_tail()}"
+                    f"Kafka did not answer on {self.client_bootstrap}\n{self._log_tail()}"
                 )
             time.sleep(0.1)
 

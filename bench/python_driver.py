@@ -69,8 +69,11 @@ def payload(size: int) -> bytes:
     return bytes(rng.randrange(65, 91) for _ in range(size))
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def create_topic(
+    bootstrap: str, topic: str, partitions: int, security: dict[str, str] | None = None
+) -> None:
+    """`security`: the target's client settings (SASL_SSL), as for every function here."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
     for future in futures.values():
         try:
@@ -80,11 +83,17 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
                 raise
 
 
-def wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> None:
+def wait_for_leaders(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    timeout: float = 60.0,
+    security: dict[str, str] | None = None,
+) -> None:
     """Until the topic's Metadata names a leader for each of its partitions: KafScale's brokers
     claim a new topic's partitions after it is created (a claim each, in etcd), and a client
     that came first would spend its first requests on LEADER_NOT_AVAILABLE."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     deadline = time.monotonic() + timeout
     while True:
         metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
@@ -148,9 +157,16 @@ def _consumer(bootstrap: str, group: str, extra: dict[str, str] | None = None) -
     )
 
 
-def consume(bootstrap: str, topic: str, *, records: int, timeout: float = 300.0) -> Run:
+def consume(
+    bootstrap: str,
+    topic: str,
+    *,
+    records: int,
+    timeout: float = 300.0,
+    security: dict[str, str] | None = None,
+) -> Run:
     """Read `records` records from the start of every partition (assigned, no group join)."""
-    consumer = _consumer(bootstrap, f"bench-read-{random.getrandbits(32):08x}")
+    consumer = _consumer(bootstrap, f"bench-read-{random.getrandbits(32):08x}", security)
     metadata = consumer.list_topics(topic, timeout=30)
     partitions = sorted(metadata.topics[topic].partitions)
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])

@@ -6,6 +6,10 @@ Every KafScale figure stands next to Kafka's from the same run with their ratio.
 requests become dollars with the S3 prices of the spec's cost appendix (us-east-1: PUT, COPY,
 POST, LIST $0.005 per 1,000; GET and everything else $0.0004 per 1,000) at the appendix's
 workload of 100 GB written a day, each byte read once.
+
+Results of clients that connected over SASL_SSL (`python -m bench.run --security ...`, issue 17)
+get sections of their own, labelled so, with the same figures and ratios; when a run has both,
+a table puts each target's SASL_SSL figures over its PLAINTEXT ones.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ PRICE_PER_1000 = cost.PRICE_PER_1000
 DAILY_GB = 100  # the cost appendix's ingestion, decimal gigabytes
 DAILY_GIB = DAILY_GB * 1e9 / GIB
 KAFKA = "kafka"
+PLAINTEXT = "PLAINTEXT"
 KAFSCALE_TARGETS = ("kafscale", "kafscale-s3")
 SCALE_OUT = ("kafscale-s3x3", "kafscale-s3")  # three brokers, and one, on MinIO + etcd
 
@@ -106,12 +111,26 @@ def ratio(ours: Any, kafka: Any) -> str:
     return f"{ours / kafka:.2f}x"
 
 
-def _by(results: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """(scenario, client) -> target -> result."""
-    table: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+def security(result: dict[str, Any]) -> str:
+    """How the result's clients connected ("PLAINTEXT" for results from before the field)."""
+    return str(result.get("security", PLAINTEXT))
+
+
+Case = tuple[str, str, str]  # scenario, client, security
+
+
+def _by(results: Iterable[dict[str, Any]]) -> dict[Case, dict[str, dict[str, Any]]]:
+    """(scenario, client, security) -> target -> result."""
+    table: dict[Case, dict[str, dict[str, Any]]] = {}
     for r in results:
-        table.setdefault((r["scenario"], r["client"]), {})[r["target"]] = r
+        table.setdefault((r["scenario"], r["client"], security(r)), {})[r["target"]] = r
     return table
+
+
+def _case_label(case: Case, sep: str = ", ") -> str:
+    """scenario, client (and "over SASL_SSL" when not PLAINTEXT)."""
+    scenario, client, secure = case
+    return f"{scenario}{sep}{client}" + (f" over {secure}" if secure != PLAINTEXT else "")
 
 
 def goals_summary(run: dict[str, Any]) -> list[str]:
@@ -125,8 +144,9 @@ def goals_summary(run: dict[str, Any]) -> list[str]:
         ("consume-from-tail throughput >= 0.5x Kafka", "consume-tail", "mb_per_sec", 0.5, True),
     ]
     for label, prefix, key, bound, higher in checks:
-        for (scenario, client), by_target in sorted(table.items()):
-            if not scenario.startswith(prefix) or KAFKA not in by_target:
+        for (scenario, client, secure), by_target in sorted(table.items()):
+            # The goals were set for PLAINTEXT; SASL_SSL is compared in a section of its own.
+            if not scenario.startswith(prefix) or KAFKA not in by_target or secure != PLAINTEXT:
                 continue
             cells = []
             for name in KAFSCALE_TARGETS:
@@ -223,9 +243,11 @@ def markdown(run: dict[str, Any], stem: str) -> str:
         "",
         *_write_path_section(run),
     ]
-    for (scenario, client), by_target in _by(run["results"]).items():
+    out += security_sections(run, present, pairs)
+    for (scenario, client, secure), by_target in _by(run["results"]).items():
         title = run["scenarios"].get(scenario, scenario)
-        out += [f"## {scenario}: {title} ({client})", ""]
+        over = f" over {secure}" if secure != PLAINTEXT else ""
+        out += [f"## {scenario}{over}: {title} ({client})", ""]
         header = "| figure | " + " | ".join([*present, *(f"{a} / {b}" for a, b in pairs)]) + " |"
         out += [header, "|---|" + "---|" * (len(present) + len(pairs))]
         for label, key, _higher, fmt in FIGURES:
@@ -266,6 +288,75 @@ def markdown(run: dict[str, Any], stem: str) -> str:
     return "\n".join(out)
 
 
+# The figures of the SASL_SSL-over-PLAINTEXT table.
+SECURITY_FIGURES = [
+    ("MB/s", "mb_per_sec", "{:.1f}"),
+    ("latency p99 ms", "latency_ms.p99", "{:.1f}"),
+    ("broker CPU-s per GiB", "cpu_per_gib", "{:.2f}"),
+    ("peak broker memory MiB", "peak_memory_mib", "{:.0f}"),
+]
+
+
+def security_sections(
+    run: dict[str, Any], present: list[str], pairs: list[tuple[str, str]]
+) -> list[str]:
+    """What SASL_SSL is in the run: its settings, and, when the run has each case both ways,
+    each target's SASL_SSL figure over its PLAINTEXT one and the target ratios both ways."""
+    secured = run.get("security") or {}
+    results = run["results"]
+    ways = sorted({security(r) for r in results}, key=lambda w: (w != PLAINTEXT, w))
+    if ways == [PLAINTEXT] and not secured:
+        return []
+    out = ["## Security", ""]
+    out += [f"- {name}: {text}" for name, text in secured.items()]
+    out.append("")
+    table = _by(results)
+    for way in (w for w in ways if w != PLAINTEXT):
+        both = [
+            (scenario, client)
+            for scenario, client, secure in table
+            if secure == way and (scenario, client, PLAINTEXT) in table
+        ]
+        if not both:
+            continue
+        header = ["scenario, client", "figure"]
+        for t in present:
+            header += [f"{t} {PLAINTEXT}", f"{t} {way}", f"{t} {way} / {PLAINTEXT}"]
+        for a, b in pairs:
+            header += [f"{a} / {b} {PLAINTEXT}", f"{a} / {b} {way}"]
+        out += [
+            f"### {way} next to {PLAINTEXT}",
+            "",
+            f"Each target over {way} and over {PLAINTEXT} in the same run (started fresh each "
+            f"way, one after the other), the cost of {way} on each ({way} / {PLAINTEXT}), and "
+            "the targets' ratio each way.",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|---|---|" + "---|" * (len(header) - 2),
+        ]
+        for scenario, client in both:
+            plain, secure = table[(scenario, client, PLAINTEXT)], table[(scenario, client, way)]
+            for label, key, fmt in SECURITY_FIGURES:
+                if scenario in LATENCY_ONLY and key in PER_BYTE:
+                    continue
+
+                def value(by_target: dict[str, dict[str, Any]], t: str, key: str = key) -> Any:
+                    return figure(by_target[t], key) if t in by_target else None
+
+                cells = []
+                for t in present:
+                    p, q = value(plain, t), value(secure, t)
+                    cells += [_fmt(p, fmt), _fmt(q, fmt), ratio(q, p)]
+                for a, b in pairs:
+                    cells += [
+                        ratio(value(plain, a), value(plain, b)),
+                        ratio(value(secure, a), value(secure, b)),
+                    ]
+                out.append(f"| {scenario}, {client} | {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
 def _write_path_section(run: dict[str, Any]) -> list[str]:
     """Issue 15's goals and the cost scenarios' tables, when any of their scenarios ran."""
     goals = write_path_goals(run)
@@ -300,8 +391,8 @@ def _target_order(name: str) -> int:
 
 def _throughput_plot(
     plt: Any,
-    table: dict[tuple[str, str], dict[str, dict[str, Any]]],
-    keys: list[tuple[str, str]],
+    table: dict[Case, dict[str, dict[str, Any]]],
+    keys: list[Case],
     targets: list[str],
     path: Path,
 ) -> None:
@@ -311,7 +402,7 @@ def _throughput_plot(
         values = [table[k].get(target, {}).get("mb_per_sec", 0) for k in keys]
         ax.bar([x + i * width for x in range(len(keys))], values, width, label=target)
     ax.set_xticks([x + width * (len(targets) - 1) / 2 for x in range(len(keys))])
-    ax.set_xticklabels([f"{s}\n{c}" for s, c in keys], rotation=60, ha="right", fontsize=7)
+    ax.set_xticklabels([_case_label(k, "\n") for k in keys], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("MB/s")
     ax.set_title("Throughput (higher is better)")
     ax.legend()
@@ -342,7 +433,9 @@ def plots(run: dict[str, Any], out_dir: Path, stem: str) -> None:
         ax.bar(xs, p99, width, alpha=0.35, color=f"C{i}")
         ax.bar(xs, p50, width, label=f"{target} (p50; pale: p99)", color=f"C{i}")
     ax.set_xticks([x + width * (len(targets) - 1) / 2 for x in range(len(latency_keys))])
-    ax.set_xticklabels([f"{s}\n{c}" for s, c in latency_keys], rotation=60, ha="right", fontsize=7)
+    ax.set_xticklabels(
+        [_case_label(k, "\n") for k in latency_keys], rotation=60, ha="right", fontsize=7
+    )
     ax.set_yscale("log")
     ax.set_ylabel("ms (log scale)")
     ax.set_title("Latency (lower is better)")

@@ -5,6 +5,8 @@
     .venv/bin/python -m bench.run --list
     .venv/bin/python -m bench.run produce-acks1-p6 --targets kafscale-s3,kafscale-s3x3
                                                            # three brokers against one
+    .venv/bin/python -m bench.run produce-acks1-p1 consume-tail --targets kafscale,kafka \
+        --security plaintext,sasl_ssl                      # also over SASL_SSL (issue 17)
 
 (scripts/bench.sh installs what this needs and runs `all`.) The scenarios are here, issue 15's
 (write path v2) in bench/write_path.py, `Bench` in bench/core.py. Each scenario starts each
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import python_driver as py
-from bench import write_path
+from bench import security, write_path
 from bench.core import SCALED, SECONDS_SCALED, Bench, Measurement, Settings
 from bench.kafka_perf import KafkaPerfTools
 from bench.report import write_report
@@ -62,7 +64,7 @@ def produce(partitions: int, acks: str) -> Callable[[Bench], None]:
                 topic,
                 records=records,
                 record_size=s.record_size,
-                config=s.producer_config(acks),
+                config={**bench.target.client_config(), **s.producer_config(acks)},
             ),
             settle=True,
         )
@@ -78,13 +80,16 @@ def _fill(bench: Bench, partitions: int, records: int) -> str:
     return topic
 
 
+def _py_consume(bench: Bench, topic: str, records: int) -> py.Run:
+    target = bench.target
+    return py.consume(target.bootstrap, topic, records=records, security=target.client_config())
+
+
 def consume_tail(bench: Bench) -> None:
     records = bench.settings.consume_records
     topic = _fill(bench, 6, records)
     bench.measured("kafka-tools", lambda: bench.consumer_performance(topic, records))
-    bench.measured(
-        "confluent-kafka", lambda: py.consume(bench.target.bootstrap, topic, records=records)
-    )
+    bench.measured("confluent-kafka", lambda: _py_consume(bench, topic, records))
 
 
 def consume_cold(bench: Bench) -> None:
@@ -93,9 +98,7 @@ def consume_cold(bench: Bench) -> None:
     bench.target.restart()
     bench.measured("kafka-tools", lambda: bench.consumer_performance(topic, records))
     bench.target.restart()
-    bench.measured(
-        "confluent-kafka", lambda: py.consume(bench.target.bootstrap, topic, records=records)
-    )
+    bench.measured("confluent-kafka", lambda: _py_consume(bench, topic, records))
 
 
 def e2e_latency(bench: Bench) -> None:
@@ -162,6 +165,16 @@ SCENARIOS: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "load": ("pytest-xdist load test: producer/consumer pairs in parallel", load),
     **write_path.SCENARIOS,
 }
+# The scenarios whose every client (and topic creation) takes the target's client settings, so
+# they can run over SASL_SSL (--security); the others connect PLAINTEXT only.
+SECURE_SCENARIOS = (
+    "produce-acks1-p1",
+    "produce-acks1-p6",
+    "produce-acksall-p1",
+    "produce-acksall-p6",
+    "consume-tail",
+    "consume-cold",
+)
 
 
 def machine() -> dict[str, Any]:
@@ -239,7 +252,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KAFSCALE_X=VALUE",
         help="a setting of the KafScale targets (repeatable), e.g. KAFSCALE_FLUSH_INTERVAL_MS=500",
     )
+    parser.add_argument(
+        "--security",
+        default=security.PLAINTEXT,
+        help=(
+            "how the clients connect, comma-separated: plaintext, sasl_ssl (a SASL_SSL listener "
+            "with SCRAM-SHA-512 on every target: bench/security.py); both: each scenario runs "
+            f"both ways on each target, and the report adds SASL_SSL / PLAINTEXT. sasl_ssl runs "
+            f"{', '.join(SECURE_SCENARIOS)}"
+        ),
+    )
     args = parser.parse_args(argv)
+    securities = args.security.split(",")
+    if not securities or any(name not in security.CHOICES for name in securities):
+        parser.error(f"--security takes {', '.join(security.CHOICES)} (comma-separated)")
     broker_env = dict(item.split("=", 1) for item in args.broker_env)
     if any(not key.startswith("KAFSCALE_") for key in broker_env):
         parser.error("--broker-env takes KAFSCALE_NAME=VALUE")
@@ -252,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
+    if security.SASL_SSL in securities and (
+        plain_only := [n for n in names if n not in SECURE_SCENARIOS]
+    ):
+        parser.error(
+            f"--security sasl_ssl: {', '.join(plain_only)} connect PLAINTEXT only "
+            f"(over SASL_SSL: {', '.join(SECURE_SCENARIOS)})"
+        )
     latency = S3Latency.parse(args.s3_latency_ms, args.s3_get_latency_ms)
     base = Settings()
     scaled: dict[str, Any] = {key: max(1, int(getattr(base, key) * args.scale)) for key in SCALED}
@@ -263,25 +296,38 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     results: list[Measurement] = []
     descriptions: dict[str, str] = {}
+    secured: dict[str, str] = {}  # SASL_SSL: its settings, and what TLS each target negotiated
     for name in names:
         title, scenario = SCENARIOS[name]
         print(f"== {name}: {title}", flush=True)
+        # PLAINTEXT and SASL_SSL one after the other on each target, so that both see the
+        # machine in the same state.
         for target_name in targets:
-            work = Path(tempfile.mkdtemp(prefix=f"kafscale-bench-{target_name}-"))
-            target = make_target(target_name, work, latency, broker_env)
-            descriptions[target_name] = target.describe()
-            print(f"  -- {target_name}", flush=True)
-            bench = Bench(target, settings, tools)
-            bench.scenario = name
-            target.start()
-            try:
-                if name not in write_path.NO_WARM_UP:
-                    bench.warm_up()
-                scenario(bench)
-            finally:
-                target.stop()
-                shutil.rmtree(work, ignore_errors=True)
-            results.extend(bench.results)
+            for way in securities:
+                work = Path(tempfile.mkdtemp(prefix=f"kafscale-bench-{target_name}-"))
+                sasl_ssl = (
+                    security.make_sasl_ssl(work / "pki") if way == security.SASL_SSL else None
+                )
+                target = make_target(target_name, work, latency, broker_env, sasl_ssl)
+                descriptions[target_name] = target.describe()
+                print(f"  -- {target_name} ({target.security_label})", flush=True)
+                bench = Bench(target, settings, tools)
+                bench.scenario = name
+                target.start()
+                try:
+                    if sasl_ssl is not None:
+                        secured[target.security_label] = sasl_ssl.describe()
+                        secured[target_name] = (
+                            f"{target.describe_security()}; an OpenSSL client negotiates "
+                            f"{target.tls_session()}"
+                        )
+                    if name not in write_path.NO_WARM_UP:
+                        bench.warm_up()
+                    scenario(bench)
+                finally:
+                    target.stop()
+                    shutil.rmtree(work, ignore_errors=True)
+                results.extend(bench.results)
     run = {
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -290,10 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": load_average(),
         "machine": machine(),
         "targets": descriptions,
+        "security": secured,
         "settings": {
             **asdict(settings),
             "broker_env": broker_env,
             "s3_latency": latency.describe() if latency else "none",
+            "security": [security.LABELS[way] for way in securities],
         },
         "scenarios": {name: SCENARIOS[name][0] for name in names},
         "notes": args.note,

@@ -8,6 +8,10 @@
   clients bootstrapped from all three (issue 16's scale-out; not in the default `--targets`);
 - `kafka`: Apache Kafka, a single KRaft node from bench/install.sh's jars.
 
+With `security` (bench/security.py's `SaslSsl`), each target also has a SASL_SSL listener with
+SCRAM-SHA-512 and one user, and `bootstrap`, `client_config()` (confluent-kafka) and
+`java_config_file()` (Kafka's tools) are that listener's: every client of the run goes through it.
+
 Each target starts fresh (empty data), can restart on its data (for cold reads), names the
 processes whose CPU and memory count as "the broker" (`broker_pids`) and, apart from them, the
 storage servers KafScale uses in place of a disk (`backend_pids`). KafScale runs with its
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.kafka_server import KafkaServer, kafka_version
+from bench.security import LABELS, LISTENER, PLAINTEXT, SaslSsl, tls_session
 from kafscale.config import Config
 from kafscale.config import load as load_config
 from tests.harness.broker import STOP_TIMEOUT, BrokerFactory, BrokerProcess
@@ -71,12 +76,38 @@ class S3Latency:
 class Target:
     name = "target"
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, security: SaslSsl | None = None) -> None:
         self.work_dir = work_dir
+        self.security = security
 
     @property
     def bootstrap(self) -> str:
+        """The clients' bootstrap: the SASL_SSL listener's with `security`."""
         raise NotImplementedError
+
+    @property
+    def security_label(self) -> str:
+        """How the clients connect: "PLAINTEXT" or "SASL_SSL"."""
+        return self.security.label if self.security is not None else LABELS[PLAINTEXT]
+
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka settings every client of the run adds (none for PLAINTEXT)."""
+        return self.security.librdkafka() if self.security is not None else {}
+
+    def java_config_file(self) -> Path | None:
+        """A properties file of the Java clients' settings, for Kafka's tools' --command-config
+        (None for PLAINTEXT)."""
+        return self.security.java_properties if self.security is not None else None
+
+    def describe_security(self) -> str:
+        """How this target serves SASL_SSL (for the report)."""
+        raise NotImplementedError
+
+    def tls_session(self) -> str | None:
+        """What an OpenSSL client negotiates with the first SASL_SSL listener (None without)."""
+        if self.security is None:
+            return None
+        return tls_session(self.bootstrap.split(",")[0], self.security.ca_file)
 
     def start(self) -> None:
         raise NotImplementedError
@@ -132,8 +163,9 @@ class KafScaleTarget(Target):
         latency: S3Latency | None = None,
         env: dict[str, str] | None = None,
         brokers: int = 1,
+        security: SaslSsl | None = None,
     ) -> None:
-        super().__init__(work_dir)
+        super().__init__(work_dir, security)
         if brokers > 1 and not s3:
             raise ValueError("several brokers need etcd and an object store (s3=True)")
         self.name = "kafscale" if not s3 else "kafscale-s3" + (f"x{brokers}" if brokers > 1 else "")
@@ -162,6 +194,8 @@ class KafScaleTarget(Target):
     def bootstrap(self) -> str:
         if not self.brokers:
             raise RuntimeError(f"{self.name} is not running")
+        if self.security is not None:
+            return ",".join(_secure_bootstrap(broker) for broker in self.brokers)
         return ",".join(broker.bootstrap for broker in self.brokers)
 
     def start(self) -> None:
@@ -185,12 +219,15 @@ class KafScaleTarget(Target):
             etcd=lambda: _required(etcd),
             s3=lambda: _required(minio),
         )
-        if self.count == 1:
-            self.brokers = self._spawn([overrides])
-        else:
-            self.brokers = self._spawn(
-                [{**overrides, "KAFSCALE_BROKER_ID": str(i)} for i in range(self.count)]
-            )
+        envs = (
+            [overrides]
+            if self.count == 1
+            else [{**overrides, "KAFSCALE_BROKER_ID": str(i)} for i in range(self.count)]
+        )
+        if self.security is not None:
+            # Each broker its own ports (the env is kept: a restart reuses them).
+            envs = [{**env, **self.security.kafscale_env(free_port(), free_port())} for env in envs]
+        self.brokers = self._spawn(envs)
 
     def _spawn(self, envs: list[dict[str, str]]) -> list[BrokerProcess]:
         """A broker per `env`, spawned together (each boots while the others do), then each
@@ -283,6 +320,13 @@ class KafScaleTarget(Target):
             time.sleep(0.1)
         raise RuntimeError(f"{self.name} still holds unflushed bytes after {timeout} s")
 
+    def describe_security(self) -> str:
+        return (
+            "a second listener, SASL_SSL (KAFSCALE_LISTENERS, KAFSCALE_SSL_CERT_FILE/_KEY_FILE; "
+            "the user is the first admin, KAFSCALE_SASL_ADMIN_USER), beside PLAINTEXT; the "
+            "clients use the SASL_SSL one"
+        )
+
     def describe(self) -> str:
         if not self.s3:
             return f"KafScale {version('kafscale')}, embedded default (local directory + SQLite)"
@@ -298,8 +342,8 @@ class KafScaleTarget(Target):
 class KafkaTarget(Target):
     name = "kafka"
 
-    def __init__(self, work_dir: Path) -> None:
-        super().__init__(work_dir)
+    def __init__(self, work_dir: Path, security: SaslSsl | None = None) -> None:
+        super().__init__(work_dir, security)
         # Kafka's defaults, as KafScale runs with its own (both wait 3 s for a new group's
         # first members before its first rebalance).
         self.server = KafkaServer(
@@ -307,11 +351,13 @@ class KafkaTarget(Target):
             port=free_port(),
             controller_port=free_port(),
             group_initial_rebalance_delay_ms=KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS,
+            sasl_ssl=security,
+            sasl_ssl_port=free_port() if security is not None else None,
         )
 
     @property
     def bootstrap(self) -> str:
-        return self.server.bootstrap
+        return self.server.client_bootstrap
 
     def start(self) -> None:
         self.server.start()
@@ -326,8 +372,25 @@ class KafkaTarget(Target):
     def broker_pids(self) -> list[int]:
         return [self.server.pid]
 
+    def describe_security(self) -> str:
+        return (
+            "a SASL_SSL listener (PEM keystore: ssl.keystore.type=PEM, key and chain in one file; "
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config; the user created by "
+            "kafka-storage format --add-scram), beside the PLAINTEXT (inter-broker) and "
+            "CONTROLLER listeners; the clients use the SASL_SSL one"
+        )
+
     def describe(self) -> str:
         return f"Apache Kafka {kafka_version()}, one KRaft node (broker + controller), 1 GiB heap"
+
+
+def _secure_bootstrap(broker: BrokerProcess) -> str:
+    """host:port of a KafScale broker's SASL_SSL listener (bench/security.py names it)."""
+    for listener in broker.env["KAFSCALE_LISTENERS"].split(","):
+        name, _, address = listener.partition("://")
+        if name == LISTENER:
+            return address
+    raise RuntimeError(f"no {LISTENER} listener in {broker.env['KAFSCALE_LISTENERS']}")
 
 
 def _start_proxy(upstream: str, latency: S3Latency) -> subprocess.Popen[str]:
@@ -370,16 +433,23 @@ def _required(server: T | None) -> T:
 
 
 def make_target(
-    name: str, work_dir: Path, latency: S3Latency | None, env: dict[str, str] | None = None
+    name: str,
+    work_dir: Path,
+    latency: S3Latency | None,
+    env: dict[str, str] | None = None,
+    security: SaslSsl | None = None,
 ) -> Target:
-    """A target; ``env`` sets KAFSCALE_* variables of the KafScale targets (Kafka ignores it)."""
+    """A target; ``env`` sets KAFSCALE_* variables of the KafScale targets (Kafka ignores it);
+    with ``security`` the clients connect over SASL_SSL."""
     if name == "kafscale":
-        return KafScaleTarget(work_dir, s3=False, env=env)
+        return KafScaleTarget(work_dir, s3=False, env=env, security=security)
     if name == "kafscale-s3":
-        return KafScaleTarget(work_dir, s3=True, latency=latency, env=env)
+        return KafScaleTarget(work_dir, s3=True, latency=latency, env=env, security=security)
     if name == "kafscale-s3x3":
-        return KafScaleTarget(work_dir, s3=True, latency=latency, env=env, brokers=3)
+        return KafScaleTarget(
+            work_dir, s3=True, latency=latency, env=env, brokers=3, security=security
+        )
     if name == "kafka":
-        return KafkaTarget(work_dir)
+        return KafkaTarget(work_dir, security)
     known = ", ".join(TARGETS + SCALE_OUT_TARGETS)
     raise ValueError(f"unknown target {name!r}; choose from {known}")
