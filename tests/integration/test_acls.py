@@ -10,6 +10,7 @@ authorization errors for what alice may not do, and is served for what an ACL al
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -324,3 +325,42 @@ def test_kafka_python_gets_topic_authorization_failed(acl_broker: Secure, kcat: 
             producer.send(topic, b"x").get(30)
     finally:
         producer.close(5)
+
+
+def test_a_client_certificate_s_subject_is_the_principal_acls_name(
+    acl_broker: Secure, kcat: str
+) -> None:
+    """mTLS: on the SSL listener a verified certificate's subject, in RFC 2253 form, is the
+    principal (tests/harness/tls.py's client certificate: CN=kafscale)."""
+    secure = acl_broker
+    topic = f"mtls-{uuid.uuid4().hex[:6]}"
+    created = kcat_sasl(kcat, secure, "-P", "-t", topic, stdin="by-admin\n")
+    assert created.returncode == 0, created.stderr
+
+    def listed() -> list[str]:
+        result = subprocess.run(
+            [
+                kcat,
+                "-b",
+                secure.address(secure.ssl),
+                "-X",
+                "security.protocol=SSL",
+                "-X",
+                f"ssl.ca.location={secure.pki.ca_file}",
+                "-X",
+                f"ssl.certificate.location={secure.pki.client_cert}",
+                "-X",
+                f"ssl.key.location={secure.pki.client_key}",
+                "-L",
+                "-J",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return [t["topic"] for t in json.loads(result.stdout)["topics"]]
+
+    assert listed() == []
+    allow(secure, "User:CN=kafscale", topic, "DESCRIBE")
+    assert listed() == [topic]
