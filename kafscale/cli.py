@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for the answer [default: %(default)s]",
     )
+    from kafscale.metadata import backup_cli
+
+    backup_cli.add_parser(commands)
     return parser
 
 
@@ -135,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         return flush(args.metrics_url)
     if args.command == "drain":
         return admin_post("drain", args.metrics_url, args.timeout)
+    if args.command == "metadata":
+        from kafscale.metadata import backup_cli
+
+        return backup_cli.main(args)
     if args.command == "segments":
         from kafscale.storage import inspect, inspect_log
 

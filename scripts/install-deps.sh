@@ -2,13 +2,16 @@
 # Installs everything KafScale's test suite needs, from the package registries only:
 #   apt     etcd-server, etcd-client, kcat (and a JDK + Maven if missing)
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
-#   python  .venv with `pip install -e '.[test,spark]'`
+#   python  .venv with `pip install -e '.[test,spark,operator]'` (step `broker`: `pip install -e .`,
+#           the broker alone, for scripts/serve.sh)
 #   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
 #           tests/java/pom.xml)
 #   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
 #   kafkajs   kafkajs and its codecs from npm (tests/compat/node/install.sh)
 #   spark-kafka  Spark's Kafka source jars from Maven Central into tests/compat/spark/target/jars
 #                (tests/compat/spark/install.sh)
+#   kube    kube-apiserver, kube-controller-manager, kubectl and helm, built from the Go module
+#           proxy into .tools/bin (tests/k8s/tools/install.sh)
 # Usage: scripts/install-deps.sh [STEP...]   (default: every step, in the order above)
 # Idempotent: each step checks a stamp or the installed state first and is a no-op when current,
 # so a rerun takes seconds. Safe under `set -euo pipefail`, CI=true and no stdin. Runs are
@@ -146,30 +149,40 @@ install_minio() {
 }
 
 # --- python --------------------------------------------------------------------------------
-install_python() {
+# Two ways to fill .venv: `python` installs everything the tests need (the broker, the operator
+# and the test and Spark extras); `broker` only the broker, for scripts/serve.sh (a newcomer's
+# first broker does not wait for pyspark). A venv with everything serves both.
+FULL_EXTRAS="test,spark,operator"
+
+install_python() { # install_python STEP EXTRAS
+    local name=$1 extras=$2
     step
     local log="$LOGS/pip.log" python
     if [[ ! -x $VENV/bin/python ]]; then
         python="$(command -v python3.11 || command -v python3)" ||
-            die python "no python3.11 or python3 on PATH"
-        "$python" -m venv "$VENV" >"$log" 2>&1 || die python "$python -m venv $VENV" "$log"
+            die "$name" "no python3.11 or python3 on PATH"
+        "$python" -m venv "$VENV" >"$log" 2>&1 || die "$name" "$python -m venv $VENV" "$log"
     fi
     # Re-run pip only when the declared dependencies (or the interpreter) changed: the package
-    # is installed editable, so source edits need no reinstall.
-    local stamp="$VENV/.kafscale-install-stamp" key
+    # is installed editable, so source edits need no reinstall. The stamp is "<key> <extras>".
+    local stamp="$VENV/.kafscale-install-stamp" key have_key="" have_extras=""
     key="$(
         { "$VENV/bin/python" -VV; sha256sum "$ROOT/pyproject.toml"; } | sha256sum | cut -d' ' -f1
     )"
-    if [[ -f $stamp && $(<"$stamp") == "$key" ]]; then
-        say python "$VENV up to date"
+    if [[ -f $stamp ]]; then read -r have_key have_extras <"$stamp" || true; fi
+    if [[ $have_key == "$key" && ($have_extras == "$extras" || $have_extras == "$FULL_EXTRAS") ]]
+    then
+        say "$name" "$VENV up to date"
         return
     fi
+    local spec="."
+    [[ -z $extras ]] || spec=".[$extras]"
     if ! (cd "$ROOT" && "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-        --no-input -e '.[test,spark]') </dev/null >"$log" 2>&1; then
-        die python "pip install -e '.[test,spark]'" "$log"
+        --no-input -e "$spec") </dev/null >"$log" 2>&1; then
+        die "$name" "pip install -e '$spec'" "$log"
     fi
-    printf '%s\n' "$key" >"$stamp"
-    say python "installed -e '.[test,spark]' into $VENV"
+    printf '%s %s\n' "$key" "$extras" >"$stamp"
+    say "$name" "installed -e '$spec' into $VENV"
 }
 
 # --- java ----------------------------------------------------------------------------------
@@ -206,16 +219,21 @@ install_java() {
 install_franz_go() { bash "$ROOT/tests/compat/go/install.sh"; }
 install_kafkajs() { bash "$ROOT/tests/compat/node/install.sh"; }
 install_spark_kafka() { bash "$ROOT/tests/compat/spark/install.sh"; }
+install_kube() { bash "$ROOT/tests/k8s/tools/install.sh"; }
 
-# With arguments, only the named steps run (scripts/serve.sh needs just `python`).
+# With arguments, only the named steps run (scripts/serve.sh needs just `broker`).
+ALL_STEPS=(apt minio python java franz-go kafkajs spark-kafka kube)
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(apt minio python java franz-go kafkajs spark-kafka)
+[[ ${#steps[@]} -gt 0 ]] || steps=("${ALL_STEPS[@]}")
 for name in "${steps[@]}"; do
     case $name in
-        apt | minio | python | java) "install_$name" ;;
+        apt | minio | java) "install_$name" ;;
+        python) install_python python "$FULL_EXTRAS" ;;
+        broker) install_python broker "" ;;
         franz-go) install_franz_go ;;
         kafkajs) install_kafkajs ;;
         spark-kafka) install_spark_kafka ;;
-        *) die "$name" "unknown step (known: apt minio python java franz-go kafkajs spark-kafka)" ;;
+        kube) install_kube ;;
+        *) die "$name" "unknown step (known: ${ALL_STEPS[*]} broker)" ;;
     esac
 done

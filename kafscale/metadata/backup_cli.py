@@ -1,0 +1,101 @@
+"""``kafscale metadata backup`` and ``kafscale metadata restore``: `kafscale.metadata.backup` with
+the broker's own settings (KAFSCALE_ETCD_*, KAFSCALE_S3_*, KAFSCALE_S3_NAMESPACE) and a bucket
+for the backups (default the cluster's). The operator's snapshot CronJob runs ``backup``, the
+brokers' restore init container ``restore``.
+
+Backups are named ``{prefix}{namespace}-{UTC time}.json.gz``; ``--keep N`` then deletes all but
+the newest N under the prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from kafscale import config as configuration
+from kafscale.metadata import MetadataStoreError, open_metadata_store
+from kafscale.metadata.backup import BackupError, backup, restore
+from kafscale.storage.objects import ObjectStoreError
+from kafscale.storage.s3 import S3ObjectStore
+
+log = logging.getLogger("kafscale.metadata.backup")
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    metadata = commands.add_parser(
+        "metadata",
+        help="back up or restore the cluster's metadata (etcd) to or from S3",
+        description="Logical backups of the cluster namespace's metadata, in S3. Settings as "
+        "for kafscale serve (KAFSCALE_ETCD_ENDPOINTS, KAFSCALE_S3_*, KAFSCALE_S3_NAMESPACE).",
+    )
+    actions = metadata.add_subparsers(dest="metadata_command", required=True)
+    save = actions.add_parser("backup", help="write a backup of the namespace's metadata")
+    save.add_argument("--bucket", default="", help="bucket [default: KAFSCALE_S3_BUCKET]")
+    save.add_argument("--prefix", default="metadata-backups/", help="key prefix [%(default)s]")
+    save.add_argument(
+        "--keep", type=int, default=0, help="keep only the newest N backups (0: all) [%(default)s]"
+    )
+    load = actions.add_parser(
+        "restore",
+        help="restore a backup into a namespace that has no metadata (once; safe to run on "
+        "every broker at once)",
+    )
+    load.add_argument("--bucket", default="", help="bucket [default: KAFSCALE_S3_BUCKET]")
+    load.add_argument("--key", required=True, help="the backup's object key")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = configuration.load(os.environ)
+    except configuration.ConfigError as exc:
+        print(f"kafscale metadata: {exc}", file=sys.stderr)
+        return 2
+    if not config.etcd_endpoints:
+        print("kafscale metadata: KAFSCALE_ETCD_ENDPOINTS is not set", file=sys.stderr)
+        return 2
+    objects = S3ObjectStore(
+        bucket=args.bucket or config.s3_bucket,
+        region=config.s3_region,
+        endpoint_url=config.s3_endpoint or None,
+        path_style=config.s3_path_style,
+        access_key=config.s3_access_key or None,
+        secret_key=config.s3_secret_key or None,
+        timeout=config.s3_timeout_ms / 1000,
+        ca_file=config.s3_ca_file or None,
+    )
+    store = open_metadata_store(config)
+    try:
+        if args.metadata_command == "backup":
+            data, header = backup(store, config.s3_namespace)
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(header.taken_ms / 1000))
+            key = f"{args.prefix}{config.s3_namespace}-{stamp}.json.gz"
+            objects.put_if_absent(key, data)
+            print(f"backed up {header.keys} keys of {config.s3_namespace} to {key}")
+            if args.keep > 0:
+                own = sorted(
+                    info.key
+                    for info in objects.list(args.prefix)
+                    if info.key.removeprefix(args.prefix).startswith(config.s3_namespace + "-")
+                )
+                stale = own[: -args.keep]
+                if stale:
+                    objects.delete_many(stale)
+                    print(f"deleted {len(stale)} older backups")
+            return 0
+        outcome = restore(
+            store,
+            objects.get(args.key),
+            config.s3_namespace,
+            config.metadata_max_txn_ops,
+        )
+        print(f"{args.key}: {outcome}")
+        return 0
+    except (BackupError, MetadataStoreError, ObjectStoreError) as exc:
+        print(f"kafscale metadata {args.metadata_command}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+        objects.close()
