@@ -1,6 +1,7 @@
 """Fixtures that run real servers and real clients (see tests/harness/).
 
-Session scope, one set per pytest-xdist worker: `etcd_server`, `s3_server` (MinIO), `java_probe`,
+Session scope, one set per pytest-xdist worker: `etcd_server`, `s3_server` (MinIO), `kube` (a
+Kubernetes API server and garbage collector, no nodes), `java_probe`,
 `kafka_tools` (Kafka's admin tools), `kcat`. Function scope: `s3_bucket` (a fresh bucket),
 `start_broker` (alias `broker`), a factory that starts `kafscale serve` as real processes and
 checks at teardown that SIGTERM stopped all of them, and `group_consumers`, a factory of
@@ -24,6 +25,7 @@ from tests.harness.etcd import EtcdServer
 from tests.harness.groups import GroupConsumers
 from tests.harness.java_load import JavaLoads
 from tests.harness.kafka_tools import KafkaTools
+from tests.harness.kube import KubeControlPlane
 from tests.harness.minio import MinioServer
 from tests.harness.procs import HarnessError
 
@@ -64,6 +66,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeControlPlane]:
+    """A real Kubernetes API server (with its own etcd) and the garbage collector: no nodes,
+    so no pod ever runs (tests/harness/kube.py)."""
+    plane = _or_fail(lambda: KubeControlPlane(tmp_path_factory.mktemp("kube")))
+    try:
+        _or_fail(plane.start)
+        yield plane
+    finally:
+        plane.close()
 
 
 @pytest.fixture

@@ -192,7 +192,9 @@ class MetadataSpec(_Spec, frozen=True):
 class AutoscalingSpec(_Spec, frozen=True):
     min_replicas: int = 1
     max_replicas: int = 3
-    target_cpu_utilization_percentage: int = 70
+    target_cpu_utilization_percentage: int = msgspec.field(
+        default=70, name="targetCPUUtilizationPercentage"
+    )
 
 
 class MonitoringSpec(_Spec, frozen=True):
