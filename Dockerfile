@@ -13,7 +13,7 @@
 # --- build: wheels of KafScale and of every dependency, the operator extra's included -------
 # Every compiled dependency (grpcio, pyzmq, msgspec, kio, lz4, zstandard, crc32c, cramjam; for the
 # operator confluent-kafka, which bundles librdkafka, aiohttp and pyyaml) has a manylinux wheel
-# for CPython 3.11 on x86_64 and aarch64; etcd3 is a source release, but pure Python. So neither
+# for CPython 3.11 on x86_64 and aarch64; etcd-sdk-python (the etcd stubs) is pure Python. So neither
 # stage needs a compiler.
 FROM python:3.11-slim AS build
 WORKDIR /src
