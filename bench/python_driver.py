@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 # confluent_kafka.admin re-exports NewTopic from cimpl without marking it public for mypy.
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 MIB = 1 << 20
 # Timestamp (ns since the epoch) at the front of every end-to-end latency record.

@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     from kafscale.metadata import backup_cli
 
     backup_cli.add_parser(commands)
+    commands.add_parser(
+        "operator",
+        help="run the Kubernetes operator (KafscaleCluster, KafscaleTopic, KafscaleUser)",
+        description="Run the Kubernetes operator until stopped (docs/kubernetes.md). Settings "
+        "are KAFSCALE_OPERATOR_* variables; needs the operator extra "
+        "(pip install 'kafscale[operator]').",
+    )
     return parser
 
 
@@ -138,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return flush(args.metrics_url)
     if args.command == "drain":
         return admin_post("drain", args.metrics_url, args.timeout)
+    if args.command == "operator":
+        from kafscale.operator.main import main as operator_main
+
+        return operator_main()
     if args.command == "metadata":
         from kafscale.metadata import backup_cli
 

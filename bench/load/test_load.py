@@ -45,7 +45,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 # confluent_kafka.admin re-exports NewTopic from cimpl without marking it public for mypy.
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from .conftest import LoadSettings
 
