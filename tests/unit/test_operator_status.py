@@ -63,22 +63,16 @@ def test_no_statefulset_yet() -> None:
 
 def test_etcd_members_and_quorum() -> None:
     cluster = make_cluster(metadata={"etcd": {"managed": {"replicas": 3}}})
-    one = by_type(
-        status.cluster_conditions(cluster, workload(3, 3), workload(3, 1), "", [], None)
-    )
+    one = by_type(status.cluster_conditions(cluster, workload(3, 3), workload(3, 1), "", [], None))
     assert one["Ready"].reason == "EtcdNotReady"
     assert "1 of 3 etcd members are ready (has no quorum)" in one["Ready"].message
-    two = by_type(
-        status.cluster_conditions(cluster, workload(3, 3), workload(3, 2), "", [], None)
-    )
+    two = by_type(status.cluster_conditions(cluster, workload(3, 3), workload(3, 2), "", [], None))
     assert "(has a quorum)" in two["Ready"].message
     assert two["Degraded"].status is True
 
 
 def test_an_error_comes_first_and_is_not_serving() -> None:
-    conds = by_type(
-        status.cluster_conditions(make_cluster(), workload(3, 3), None, "", [], "boom")
-    )
+    conds = by_type(status.cluster_conditions(make_cluster(), workload(3, 3), None, "", [], "boom"))
     assert (conds["Ready"].status, conds["Ready"].reason) == (False, "ReconcileFailed")
     assert conds["Ready"].message.startswith("boom")
 
