@@ -3,8 +3,9 @@ the broker's own settings (KAFSCALE_ETCD_*, KAFSCALE_S3_*, KAFSCALE_S3_NAMESPACE
 for the backups (default the cluster's). The operator's snapshot CronJob runs ``backup``, the
 brokers' restore init container ``restore``.
 
-Backups are named ``{prefix}{namespace}-{UTC time}.json.gz``; ``--keep N`` then deletes all but
-the newest N under the prefix.
+Backups are named ``{prefix}{namespace}-{UTC time to the millisecond}.json.gz``
+(``...-20261128T100000.123Z.json.gz``: names sort by time); ``--keep N`` then deletes all but
+the newest N of the namespace under the prefix.
 """
 
 from __future__ import annotations
@@ -70,9 +71,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.metadata_command == "backup":
             data, header = backup(store, config.s3_namespace)
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(header.taken_ms / 1000))
+            seconds = time.strftime("%Y%m%dT%H%M%S", time.gmtime(header.taken_ms / 1000))
+            stamp = f"{seconds}.{header.taken_ms % 1000:03d}Z"
             key = f"{args.prefix}{config.s3_namespace}-{stamp}.json.gz"
-            objects.put_if_absent(key, data)
+            if not objects.put_if_absent(key, data):
+                print(f"kafscale metadata backup: {key} exists already", file=sys.stderr)
+                return 1
             print(f"backed up {header.keys} keys of {config.s3_namespace} to {key}")
             if args.keep > 0:
                 own = sorted(
