@@ -5,7 +5,9 @@ brokers' restore init container ``restore``.
 
 Backups are named ``{prefix}{namespace}-{UTC time to the millisecond}.json.gz``
 (``...-20261128T100000.123Z.json.gz``: names sort by time); ``--keep N`` then deletes all but
-the newest N of the namespace under the prefix.
+the newest N of the namespace under the prefix -- only names of exactly that form, so another
+cluster's backups under the same prefix are never touched, even when its namespace begins with
+this one's (``prod`` and ``prod-eu``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
+from collections.abc import Iterable
 
 from kafscale import config as configuration
 from kafscale.metadata import MetadataStoreError, open_metadata_store
@@ -23,6 +27,26 @@ from kafscale.storage.objects import ObjectStoreError
 from kafscale.storage.s3 import S3ObjectStore
 
 log = logging.getLogger("kafscale.metadata.backup")
+
+# The time part of a backup's name (UTC, to the millisecond).
+STAMP = re.compile(r"\d{8}T\d{6}\.\d{3}Z\.json\.gz")
+
+
+def backup_key(prefix: str, namespace: str, taken_ms: int) -> str:
+    """The object key of a backup of ``namespace`` taken at ``taken_ms``."""
+    seconds = time.strftime("%Y%m%dT%H%M%S", time.gmtime(taken_ms / 1000))
+    return f"{prefix}{namespace}-{seconds}.{taken_ms % 1000:03d}Z.json.gz"
+
+
+def stale_backups(keys: Iterable[str], prefix: str, namespace: str, keep: int) -> list[str]:
+    """The backups of ``namespace`` directly under ``prefix`` beyond the newest ``keep``."""
+    own = sorted(
+        key
+        for key in keys
+        if key.startswith(prefix + namespace + "-")
+        and STAMP.fullmatch(key[len(prefix) + len(namespace) + 1 :])
+    )
+    return own[:-keep] if keep > 0 else []
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,20 +95,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.metadata_command == "backup":
             data, header = backup(store, config.s3_namespace)
-            seconds = time.strftime("%Y%m%dT%H%M%S", time.gmtime(header.taken_ms / 1000))
-            stamp = f"{seconds}.{header.taken_ms % 1000:03d}Z"
-            key = f"{args.prefix}{config.s3_namespace}-{stamp}.json.gz"
+            key = backup_key(args.prefix, config.s3_namespace, header.taken_ms)
             if not objects.put_if_absent(key, data):
                 print(f"kafscale metadata backup: {key} exists already", file=sys.stderr)
                 return 1
             print(f"backed up {header.keys} keys of {config.s3_namespace} to {key}")
             if args.keep > 0:
-                own = sorted(
-                    info.key
-                    for info in objects.list(args.prefix)
-                    if info.key.removeprefix(args.prefix).startswith(config.s3_namespace + "-")
-                )
-                stale = own[: -args.keep]
+                listed = (info.key for info in objects.list(args.prefix))
+                stale = stale_backups(listed, args.prefix, config.s3_namespace, args.keep)
                 if stale:
                     objects.delete_many(stale)
                     print(f"deleted {len(stale)} older backups")
@@ -94,6 +112,7 @@ def main(args: argparse.Namespace) -> int:
             objects.get(args.key),
             config.s3_namespace,
             config.metadata_max_txn_ops,
+            max_txn_bytes=config.metadata_max_txn_bytes,
         )
         print(f"{args.key}: {outcome}")
         return 0

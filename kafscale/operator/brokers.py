@@ -5,8 +5,8 @@ k8s/broker.yaml, explained there). Pure."""
 from __future__ import annotations
 
 from kafscale.ipc.shm_names import SHM_DIR
-from kafscale.operator import etcd
-from kafscale.operator.model import Cluster
+from kafscale.operator import etcd, model
+from kafscale.operator.model import DEFAULT_RESOURCES, Cluster
 from kafscale.operator.names import (
     BROKER,
     admin_token_secret,
@@ -28,10 +28,6 @@ from kafscale.operator.objects import (
     selector,
 )
 from kafscale.settings import SETTINGS_BY_FIELD, parse_size
-
-# Budgets the pod's memory must hold besides the partition buffers (k8s/broker.yaml explains).
-CACHE_SETTINGS = ("cache_size", "index_cache_size", "compaction_buffer_bytes")
-DEFAULT_RESOURCES: Obj = {"requests": {"cpu": "2", "memory": "3Gi"}, "limits": {"memory": "3Gi"}}
 
 
 def advertised_listeners(cluster: Cluster) -> str:
@@ -153,11 +149,7 @@ def _mib(size: int) -> str:
 
 def memory_budget(cluster: Cluster) -> int:
     """Bytes the broker's budgets take at the cluster's settings: what its memory must hold."""
-    config = cluster.spec.config
-    total = parse_size(config.get("KAFSCALE_BUFFER_BYTES", _default("buffer_bytes")))
-    for field in CACHE_SETTINGS:
-        total += parse_size(config.get("KAFSCALE_" + field.upper(), _default(field)))
-    return total
+    return model.memory_budget(cluster.spec.config)
 
 
 def statefulset(cluster: Cluster, config: Obj, replicas: int) -> Obj:

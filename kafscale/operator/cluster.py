@@ -117,12 +117,17 @@ def desired(cluster: Cluster, observed: Observed) -> Desired:
         disruption_budget(cluster),
     ]
     # A Service for every broker that may run: up to the HPA's maximum, and while scaling down
-    # for the brokers still draining.
+    # for the brokers still draining (until the StatefulSet reports them gone).
     scaling_spec = cluster.spec.autoscaling
     most = (
         scaling_spec.max_replicas
         if scaling_spec is not None
-        else max(replicas, cluster.spec.brokers.replicas)
+        else max(
+            replicas,
+            cluster.spec.brokers.replicas,
+            observed.broker_replicas or 0,
+            observed.broker_status_replicas,
+        )
     )
     objects.extend(external_services(cluster, most))
     if cluster.spec.autoscaling is not None:
@@ -152,7 +157,7 @@ def settings(cluster: Cluster, observed: Observed) -> dict[str, str]:
         "KAFSCALE_S3_BUCKET": spec.storage.bucket,
         "KAFSCALE_S3_REGION": spec.storage.region,
         "KAFSCALE_S3_NAMESPACE": spec.storage.namespace or f"{cluster.namespace}-{cluster.name}",
-        "KAFSCALE_ETCD_ENDPOINTS": ",".join(etcd.endpoints(cluster)),
+        "KAFSCALE_ETCD_ENDPOINTS": ",".join(etcd.endpoints(cluster, observed.etcd_replicas)),
     }
     if spec.storage.endpoint:
         out["KAFSCALE_S3_ENDPOINT"] = spec.storage.endpoint

@@ -22,7 +22,7 @@ from kafscale.operator.objects import (
 )
 
 ETCD = "etcd"
-BACKUP = "metadata-backup"
+BACKUP = "metadata-backup"  # the component; the CronJob is <cluster>-backup
 CLIENT_PORT = 2379
 PEER_PORT = 2380
 
@@ -44,12 +44,14 @@ def _host(cluster: Cluster, member: int | str) -> str:
     )
 
 
-def endpoints(cluster: Cluster) -> list[str]:
-    """The etcd endpoints the brokers use: the spec's, or every managed member."""
+def endpoints(cluster: Cluster, observed_replicas: int | None = None) -> list[str]:
+    """The etcd endpoints the brokers use: the spec's, or every managed member that exists
+    (``replicas``: the running size wins over the spec's)."""
     etcd = cluster.spec.metadata.etcd
     if etcd.managed is None:
         return list(etcd.endpoints)
-    return [f"{_host(cluster, n)}:{CLIENT_PORT}" for n in range(etcd.managed.replicas)]
+    members = replicas(cluster, observed_replicas)
+    return [f"{_host(cluster, n)}:{CLIENT_PORT}" for n in range(members)]
 
 
 def replicas(cluster: Cluster, observed: int | None) -> int:
@@ -58,9 +60,10 @@ def replicas(cluster: Cluster, observed: int | None) -> int:
 
 
 def objects(cluster: Cluster, observed_replicas: int | None) -> list[Obj]:
+    members = replicas(cluster, observed_replicas)
     out = [headless_service(cluster), client_service(cluster)]
-    out.append(statefulset(cluster, replicas(cluster, observed_replicas)))
-    out.append(disruption_budget(cluster))
+    out.append(statefulset(cluster, members))
+    out.append(disruption_budget(cluster, members))
     if _managed(cluster).snapshots is not None:
         out.append(backup_cronjob(cluster))
     return out
@@ -202,17 +205,21 @@ def statefulset(cluster: Cluster, members: int) -> Obj:
     }
 
 
-def disruption_budget(cluster: Cluster) -> Obj:
+def disruption_budget(cluster: Cluster, members: int) -> Obj:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": metadata(cluster, name(cluster), ETCD),
         "spec": {
             # One member at a time: 3 keep a quorum of 2, 5 of 4; 1 member cannot be evicted.
-            "maxUnavailable": 0 if _managed(cluster).replicas == 1 else 1,
+            "maxUnavailable": 0 if members == 1 else 1,
             "selector": {"matchLabels": selector(cluster, ETCD)},
         },
     }
+
+
+def backup_name(cluster: Cluster) -> str:
+    return f"{cluster.name}-backup"
 
 
 def backup_bucket(cluster: Cluster, bucket: str) -> str:
@@ -307,7 +314,8 @@ def backup_cronjob(cluster: Cluster) -> Obj:
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
-        "metadata": metadata(cluster, f"{cluster.name}-{BACKUP}", BACKUP),
+        # Short: Kubernetes allows CronJob names of 52 characters (its Jobs add 11).
+        "metadata": metadata(cluster, backup_name(cluster), BACKUP),
         "spec": {
             "schedule": snapshots.schedule,
             "concurrencyPolicy": "Forbid",

@@ -151,7 +151,7 @@ async def _reconcile_cluster(ctx: Context, body: dict[str, Any]) -> None:
     }
     if managed is not None:
         extra["etcd"] = {
-            "endpoints": ",".join(etcd.endpoints(parsed)),
+            "endpoints": ",".join(etcd.endpoints(parsed, members.replicas if members else None)),
             "replicas": members.replicas if members else managed.replicas,
             "ready": members.ready if members else 0,
         }

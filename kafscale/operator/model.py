@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from kafscale.settings import SETTINGS_BY_FIELD
+from kafscale import config as configuration
+from kafscale.settings import SETTINGS_BY_FIELD, parse_size
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# A cluster's name starts its objects' names: a Service's must start with a letter.
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LISTENER_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # A host name with "{id}" where the broker's id goes: nothing a shell would expand.
 HOST_TEMPLATE = re.compile(r"^([a-z0-9.-]|\{id\})+$")
@@ -54,6 +56,15 @@ OPERATOR_OWNED_SETTINGS = frozenset(
         "KAFSCALE_SHARDS",
     }
 )
+
+
+# The broker container's resources when the spec gives none (k8s/broker.yaml explains them).
+DEFAULT_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "2", "memory": "3Gi"},
+    "limits": {"memory": "3Gi"},
+}
+# Budgets the pod's memory must hold: partition buffers (in /dev/shm) and the caches.
+BUDGET_SETTINGS = ("buffer_bytes", "cache_size", "index_cache_size", "compaction_buffer_bytes")
 
 
 class SpecError(ValueError):
@@ -246,7 +257,10 @@ def parse_cluster(resource: dict[str, Any], default_image: str) -> Cluster:
     if not DNS_LABEL.match(name) or len(name) > 40:
         # Pods are named <name>-broker-<n> and Services <name>-broker-<n>-external: keep the
         # longest within a DNS label (63).
-        raise SpecError(f"metadata.name: {name!r} must be a DNS label of at most 40 characters")
+        raise SpecError(
+            f"metadata.name: {name!r} must be a DNS label of at most 40 characters, starting "
+            "with a letter"
+        )
     _check_cluster(spec)
     image = spec.image or default_image
     if not image:
@@ -269,7 +283,9 @@ def _check_cluster(spec: ClusterSpec) -> None:
         raise SpecError("spec.brokers.listeners: at least one listener is needed")
     names: set[str] = set()
     ports = {brokers.metrics_port: "spec.brokers.metricsPort"}
-    node_ports: dict[int, str] = {}
+    # Broker N of a NodePort listener is on nodePortBase + N, for every broker that may run.
+    most = max(brokers.replicas, spec.autoscaling.max_replicas if spec.autoscaling else 0, 1)
+    node_ranges: list[tuple[int, int, str]] = []
     for index, listener in enumerate(brokers.listeners):
         where = f"spec.brokers.listeners[{index}]"
         if not LISTENER_NAME.match(listener.name):
@@ -292,13 +308,25 @@ def _check_cluster(spec: ClusterSpec) -> None:
         external = listener.external
         if external is not None:
             if external.type == "NodePort":
-                if not 30000 <= external.node_port_base <= 32767:
+                first, last = external.node_port_base, external.node_port_base + most - 1
+                if not (first >= 30000 and last <= 32767):
                     raise SpecError(
-                        f"{where}.external.nodePortBase: {external.node_port_base} is not in "
-                        "Kubernetes' NodePort range 30000-32767"
+                        f"{where}.external.nodePortBase: brokers 0-{most - 1} would take node "
+                        f"ports {first}-{last}, outside Kubernetes' range 30000-32767"
                     )
-                node_ports[external.node_port_base] = where
+                for other_first, other_last, other in node_ranges:
+                    if first <= other_last and other_first <= last:
+                        raise SpecError(
+                            f"{where}.external.nodePortBase: node ports {first}-{last} overlap "
+                            f"those of {other} ({other_first}-{other_last})"
+                        )
+                node_ranges.append((first, last, where))
             template = external.advertised_host_template
+            if external.type == "LoadBalancer" and template and "{id}" not in template:
+                raise SpecError(
+                    f"{where}.external.advertisedHostTemplate: {template!r} has no {{id}}: every "
+                    "broker has its own load balancer and must advertise its own name"
+                )
             if template and not HOST_TEMPLATE.match(template):
                 raise SpecError(
                     f"{where}.external.advertisedHostTemplate: {template!r} must be a host name "
@@ -322,6 +350,8 @@ def _check_cluster(spec: ClusterSpec) -> None:
             "spec.brokers.authorization: ACLs need authenticated clients: a SASL listener or "
             "TLS client certificates"
         )
+    if any(li.sasl for li in brokers.listeners) and not brokers.authentication.mechanisms:
+        raise SpecError("spec.brokers.authentication.mechanisms: a SASL listener needs one")
     for mechanism in brokers.authentication.mechanisms:
         if mechanism not in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
             raise SpecError(f"spec.brokers.authentication.mechanisms: unknown {mechanism!r}")
@@ -348,13 +378,71 @@ def _check_cluster(spec: ClusterSpec) -> None:
             raise SpecError("spec.autoscaling.targetCPUUtilizationPercentage: 1-100")
     for key, value in spec.config.items():
         _check_setting(key, value)
+    _check_consistency(spec)
+    _check_memory(spec)
+
+
+def _check_consistency(spec: ClusterSpec) -> None:
+    """The broker's own check of its whole configuration (settings that only work together),
+    on spec.config with stand-ins for what the operator sets: a refusal here is a crash-looping
+    pod there."""
+    environ = {
+        "KAFSCALE_BROKER_HOST": "0.0.0.0",
+        "KAFSCALE_S3_BUCKET": spec.storage.bucket,
+        "KAFSCALE_ETCD_ENDPOINTS": "etcd:2379",
+        **spec.config,
+    }
+    try:
+        configuration.load(environ)
+    except configuration.ConfigError as exc:
+        raise SpecError(f"spec.config: the broker would refuse it: {exc}") from None
+
+
+def memory_budget(settings: dict[str, str]) -> int:
+    """Bytes the broker's budgets take with these settings (the rest at their defaults): the
+    partition buffers and the caches, which its memory limit must hold."""
+    total = 0
+    for field in BUDGET_SETTINGS:
+        setting = SETTINGS_BY_FIELD[field]
+        total += parse_size(settings.get(setting.env, setting.default))
+    return total
+
+
+def _check_memory(spec: ClusterSpec) -> None:
+    resources = spec.brokers.resources or DEFAULT_RESOURCES
+    limit = (resources.get("limits") or {}).get("memory")
+    if limit is None:
+        return
+    budget = memory_budget(spec.config)
+    try:
+        limit_bytes = quantity_bytes(str(limit))
+    except ValueError as exc:
+        raise SpecError(f"spec.brokers.resources.limits.memory: {exc}") from None
+    if limit_bytes <= budget:
+        where = "spec.brokers.resources" if spec.brokers.resources else "spec.config"
+        raise SpecError(
+            f"{where}: the memory limit {limit} does not hold the broker's budgets "
+            f"({budget // 2**20} MiB of buffers and caches, plus ~100 MiB a process): raise "
+            "spec.brokers.resources.limits.memory or lower the cache settings"
+        )
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (3Gi, 512Mi, 1G, 1073741824) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6}
+    units |= {"G": 10**9, "T": 10**12, "": 1}
+    found = re.fullmatch(r"(\d+)([A-Za-z]*)", quantity.strip())
+    if found is None or found.group(2) not in units:
+        raise ValueError(f"{quantity!r} is not a memory quantity")
+    return int(found.group(1)) * units[found.group(2)]
 
 
 def _check_setting(key: str, value: str) -> None:
     where = f"spec.config.{key}"
     field = key.removeprefix("KAFSCALE_").lower()
     setting = SETTINGS_BY_FIELD.get(field)
-    if not key.startswith("KAFSCALE_") or setting is None:
+    # Variables are case-sensitive: KAFSCALE_Log_Level would be ignored by the broker.
+    if setting is None or key != setting.env:
         raise SpecError(f"{where}: not a KafScale setting (see the README's configuration table)")
     if key in OPERATOR_OWNED_SETTINGS:
         raise SpecError(f"{where}: set by the operator from the spec's own sections")

@@ -66,7 +66,10 @@ def bootstrap_service(cluster: Cluster) -> Obj:
 
 
 def external_services(cluster: Cluster, count: int) -> list[Obj]:
-    """One Service per broker and external listener, reaching that broker's pod only."""
+    """One Service per broker and external listener, reaching that broker's pod only:
+    ``<cluster>-broker-<N>-external``, or with several external listeners
+    ``<cluster>-b<N>-<listener>`` (a listener's port name is up to 15 characters; both fit a
+    Service name's 63 with a cluster name of 40)."""
     out: list[Obj] = []
     for listener in cluster.spec.brokers.listeners:
         external = listener.external
@@ -78,14 +81,15 @@ def external_services(cluster: Cluster, count: int) -> list[Obj]:
             if external.type == "NodePort":
                 port["nodePort"] = external.node_port_base + broker_id
             port["targetPort"] = listener.port
-            suffix = "external" if _external_count(cluster) == 1 else port_name(listener)
+            if _external_count(cluster) == 1:
+                service = f"{pod}-external"
+            else:
+                service = f"{cluster.name}-b{broker_id}-{port_name(listener)}"
             out.append(
                 {
                     "apiVersion": "v1",
                     "kind": "Service",
-                    "metadata": metadata(
-                        cluster, f"{pod}-{suffix}", BROKER, external.annotations or None
-                    ),
+                    "metadata": metadata(cluster, service, BROKER, external.annotations or None),
                     "spec": {
                         "type": external.type,
                         "publishNotReadyAddresses": True,

@@ -261,7 +261,7 @@ def test_managed_etcd_and_an_invalid_spec(
     etcd = api.wait_for(f"{STS.format(ns=namespace)}/managed-etcd", lambda o: True)
     assert etcd["spec"]["replicas"] == 3
     cron = api.wait_for(
-        f"/apis/batch/v1/namespaces/{namespace}/cronjobs/managed-metadata-backup", lambda o: True
+        f"/apis/batch/v1/namespaces/{namespace}/cronjobs/managed-backup", lambda o: True
     )
     assert cron["spec"]["schedule"] == "*/30 * * * *"
     config = api.ok("GET", f"/api/v1/namespaces/{namespace}/configmaps/managed-config")
@@ -282,7 +282,7 @@ def test_managed_etcd_and_an_invalid_spec(
         "application/merge-patch+json",
     )
     api.wait_gone(f"{STS.format(ns=namespace)}/managed-etcd")
-    api.wait_gone(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/managed-metadata-backup")
+    api.wait_gone(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/managed-backup")
 
     # A spec the schema accepts but the operator cannot carry out: said in the status.
     bad = cluster_body("bad", config={"KAFSCALE_NO_SUCH_SETTING": "1"})

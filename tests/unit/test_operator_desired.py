@@ -248,7 +248,7 @@ def test_selectors_select_the_pods_they_mean() -> None:
     assert pod_labels["team"] == "data"  # the template's labels are added, not instead
     for name in ("demo-brokers", "demo-bootstrap"):
         assert find(found, "Service", name)["spec"]["selector"].items() <= pod_labels.items()
-    external = find(found, "Service", "demo-broker-1-external")["spec"]["selector"]
+    external = find(found, "Service", "demo-b1-external")["spec"]["selector"]
     assert external["statefulset.kubernetes.io/pod-name"] == "demo-broker-1"
     etcd_sts = find(found, "StatefulSet", "demo-etcd")
     assert (
@@ -341,7 +341,7 @@ def test_each_broker_advertises_its_own_addresses() -> None:
         "b2.kafka.example.com",
         31092,
     )
-    nodeport = find(objects(FULL), "Service", "demo-broker-2-external")
+    nodeport = find(objects(FULL), "Service", "demo-b2-external")
     assert nodeport["spec"]["ports"][0]["nodePort"] == 31092
 
 
@@ -402,7 +402,11 @@ def test_autoscaling_leaves_replicas_to_the_hpa() -> None:
         {"type": "Pods", "value": 1, "periodSeconds": 60}
     ]
     # A Service per broker the HPA may run, per external listener.
-    externals = [o for o in found if o["kind"] == "Service" and "-broker-" in o["metadata"]["name"]]
+    externals = [
+        o
+        for o in found
+        if o["kind"] == "Service" and "statefulset.kubernetes.io/pod-name" in o["spec"]["selector"]
+    ]
     assert len(externals) == 4 * 2
     assert "HorizontalPodAutoscaler" not in {o["kind"] for o in objects(MINIMAL)}
 
@@ -486,7 +490,7 @@ def test_an_existing_etcd_keeps_its_size() -> None:
 
 def test_backups_and_the_restore_run_kafscales_own_commands() -> None:
     found = objects(FULL)
-    cron = find(found, "CronJob", "demo-metadata-backup")
+    cron = find(found, "CronJob", "demo-backup")
     (job,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     args = cli.build_parser().parse_args(job["command"][1:])
     assert (args.command, args.metadata_command) == ("metadata", "backup")
