@@ -243,9 +243,10 @@ def statefulset(cluster: Cluster, config: Obj, replicas: int) -> Obj:
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(metrics),
-        # The settings are read at start: a change rolls the brokers, one at a time.
-        CONFIG_HASH: digest(config["data"]),
         **template.metadata.annotations,
+        # The settings are read at start: a change rolls the brokers, one at a time (after the
+        # template's annotations, which cannot stop it).
+        CONFIG_HASH: digest(config["data"]),
     }
     sts_spec: Obj = {
         "serviceName": headless_name(cluster),

@@ -526,3 +526,9 @@ def test_the_admin_endpoint_prefers_the_strongest_scram() -> None:
         "SCRAM-SHA-256",
     )
     assert cluster.admin_endpoint(make(MINIMAL))[1:] == ("PLAINTEXT", None)
+
+
+def test_a_template_annotation_cannot_stop_a_roll() -> None:
+    spec = with_("brokers.template.metadata.annotations", {"kafscale.io/config-hash": "pinned"})
+    annotations = pod_of(objects(spec))["metadata"]["annotations"]
+    assert annotations["kafscale.io/config-hash"] != "pinned"
