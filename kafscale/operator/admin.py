@@ -1,19 +1,25 @@
 """The operator's Kafka admin I/O (docs/design/operator.md, section 5): confluent-kafka's
-AdminClient, connected to a cluster as its admin, carrying out what `topics.plan` and
-`users.plan` decide. Each call runs in a thread (the client's futures block) with the
-connection's timeout; every failure is an `AdminError` whose message names what failed (never a
-password).
+AdminClient, connected to a cluster as its admin, describing what `topics.plan` and `users.plan`
+decide from and carrying out what they return.
+
+One client per reconcile (`_Session`), run in a thread (the client's futures block). Every call
+waits at most the connection's timeout, and fails at once when librdkafka reports on the side
+that waiting cannot help (a refused login, a certificate not trusted). Every failure is an
+`AdminError` whose message says what was being done and what the broker or librdkafka answered,
+never a password.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
@@ -40,51 +46,36 @@ from confluent_kafka.admin import (
 
 from kafscale.operator import topics, users
 
+log = logging.getLogger("kafscale.operator.admin")
+POLL_INTERVAL = 0.1  # seconds between looks at librdkafka's side errors while a call waits
+# Side errors (error_cb) no waiting cures: said at once, not after the call's timeout.
+FATAL = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+MECHANISMS = {
+    "SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256,
+    "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512,
+}
+MECHANISM_NAMES = {value: key for key, value in MECHANISMS.items()}
+
 
 @dataclass(frozen=True)
 class Connection:
-    bootstrap: str  # host:port, address-mapped
+    bootstrap: str  # host:port, already address-mapped
     security_protocol: str  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: str | None
+    sasl_mechanism: str | None  # SCRAM-SHA-512 | SCRAM-SHA-256 | PLAIN
     username: str | None
-    password: str | None
-    ca_pem: bytes | None  # the CA to trust for TLS
-    timeout: float = 30.0
+    password: str | None = field(repr=False)  # never in a log line
+    ca_pem: bytes | None = field(repr=False)  # the CA to trust for TLS
+    timeout: float = 30.0  # seconds per admin call
 
 
 class AdminError(Exception):
-    """An admin call failed; ``retriable``: trying again later may succeed."""
+    """An admin call failed; ``retriable``: trying again later may succeed; ``code``: Kafka's
+    (or librdkafka's) error name, "" for no answer."""
 
     def __init__(self, message: str, retriable: bool = True, code: str = "") -> None:
         super().__init__(message)
         self.retriable = retriable
         self.code = code
-
-
-@contextlib.contextmanager
-def _client(conn: Connection) -> Iterator[AdminClient]:
-    config: dict[str, Any] = {
-        "bootstrap.servers": conn.bootstrap,
-        "security.protocol": conn.security_protocol.lower(),
-        "socket.timeout.ms": int(conn.timeout * 1000),
-        "client.id": "kafscale-operator",
-    }
-    if conn.sasl_mechanism:
-        config["sasl.mechanisms"] = conn.sasl_mechanism
-        config["sasl.username"] = conn.username or ""
-        config["sasl.password"] = conn.password or ""
-    ca_path = None
-    if conn.ca_pem:
-        # librdkafka reads a CA from a file: a private one, removed after.
-        handle, ca_path = tempfile.mkstemp(prefix="kafscale-operator-ca-", suffix=".pem")
-        with os.fdopen(handle, "wb") as out:
-            out.write(conn.ca_pem)
-        config["ssl.ca.location"] = ca_path
-    try:
-        yield AdminClient(config)
-    finally:
-        if ca_path is not None:
-            os.unlink(ca_path)
 
 
 def _error(what: str, exc: BaseException) -> AdminError:
@@ -93,88 +84,170 @@ def _error(what: str, exc: BaseException) -> AdminError:
         return AdminError(
             f"{what}: {error.name()}: {error.str()}", bool(error.retriable()), error.name()
         )
-    return AdminError(f"{what}: {exc}")
+    return AdminError(f"{what}: {type(exc).__name__}: {exc}")
 
 
-def _wait(future: Future[Any], what: str, timeout: float) -> Any:
-    try:
-        return future.result(timeout=timeout)
-    except TimeoutError:
-        raise AdminError(f"{what}: no answer in {timeout:g} s") from None
-    except KafkaException as exc:
-        raise _error(what, exc) from None
+class _Debug:
+    """librdkafka's log, served by poll(), at debug: what it logs as errors (a refused
+    connection, at every reconnect) is said once in the AdminError instead."""
+
+    def __init__(self) -> None:
+        self.logger = logging.getLogger("kafscale.operator.librdkafka")
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        self.logger.debug(message, *args)
 
 
-# --- topics --------------------------------------------------------------------------------
+_LIBRDKAFKA_LOG = _Debug()
 
 
-def _describe_topic(
-    client: AdminClient, name: str, timeout: float
-) -> tuple[str, list[tuple[int, int]]] | None:
-    """(topic id, [(partition, leader)]) or None when the topic does not exist."""
-    futures = client.describe_topics(TopicCollection([name]), request_timeout=timeout)
-    try:
-        description = futures[name].result(timeout=timeout)
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+def _broker_answered(exc: AdminError) -> bool:
+    """The broker answered with an error (librdkafka's own errors start with "_")."""
+    return bool(exc.code) and not exc.code.startswith("_")
+
+
+class _SideErrors:
+    """librdkafka's error_cb: what it reported besides the calls' results. Not the session's
+    method: the client would hold its session and the session its client, a cycle that keeps
+    librdkafka's threads alive until the garbage collector runs."""
+
+    def __init__(self) -> None:
+        self.last: KafkaError | None = None
+        self.fatal: KafkaError | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        self.last = error
+        if error.code() in FATAL:
+            self.fatal = error
+
+
+class _Session:
+    """One AdminClient, used for one reconcile and dropped with the session."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.timeout = conn.timeout
+        self._side = _SideErrors()
+        self._ca_path: str | None = None
+        config: dict[str, Any] = {
+            "bootstrap.servers": conn.bootstrap,
+            "security.protocol": conn.security_protocol.lower(),
+            "socket.timeout.ms": max(1000, int(conn.timeout * 1000)),
+            "client.id": "kafscale-operator",
+            "error_cb": self._side,
+            "logger": _LIBRDKAFKA_LOG,
+        }
+        if conn.sasl_mechanism:
+            config["sasl.mechanisms"] = conn.sasl_mechanism
+            config["sasl.username"] = conn.username or ""
+            config["sasl.password"] = conn.password or ""
+        if conn.ca_pem:
+            # librdkafka reads a CA from a file: a private one (mkstemp: mode 0600), removed
+            # when the session ends.
+            handle, self._ca_path = tempfile.mkstemp(prefix="kafscale-operator-ca-", suffix=".pem")
+            with os.fdopen(handle, "wb") as out:
+                out.write(conn.ca_pem)
+            config["ssl.ca.location"] = self._ca_path
+        try:
+            self.client: Any = AdminClient(config)
+        except KafkaException as exc:
+            self.close()
+            raise _error(f"connecting to {conn.bootstrap}", exc) from None
+
+    def close(self) -> None:
+        self.client = None  # librdkafka's threads end with it, whoever holds the session
+        if self._ca_path is not None:
+            os.unlink(self._ca_path)
+            self._ca_path = None
+
+    def __enter__(self) -> _Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def wait(self, future: Future[Any], what: str) -> Any:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return future.result(timeout=POLL_INTERVAL)
+            except TimeoutError:
+                pass
+            except Exception as exc:
+                error = _error(what, exc)
+                if error.code.startswith("_"):  # librdkafka's own (a timeout): say why
+                    self.client.poll(0)
+                    error = AdminError(f"{error}{self._last()}", True, error.code)
+                raise error from None
+            self.client.poll(0)  # serves error_cb and the log
+            fatal = self._side.fatal
+            if fatal is not None:
+                raise AdminError(f"{what}: {fatal.str()}", True, fatal.name())
+            if time.monotonic() >= deadline:
+                raise AdminError(f"{what}: no answer in {self.timeout:g} s{self._last()}")
+
+    def _last(self) -> str:
+        last = self._side.last
+        return f" (last error: {last.str()})" if last is not None else ""
+
+    def wait_all(self, futures: Iterable[Future[Any]], what: str) -> list[Any]:
+        return [self.wait(future, what) for future in futures]
+
+    # --- topics ----------------------------------------------------------------------------
+
+    def describe_topic(self, name: str) -> tuple[str, list[tuple[int, int]]] | None:
+        """(topic id, [(partition, leader)]) or None when the topic does not exist."""
+        futures = self.client.describe_topics(TopicCollection([name]), request_timeout=self.timeout)
+        try:
+            description = self.wait(futures[name], f"describing topic {name}")
+        except AdminError as exc:
+            if exc.code == "UNKNOWN_TOPIC_OR_PART":
+                return None
+            raise
+        partitions = [
+            (p.id, p.leader.id if p.leader is not None else -1) for p in description.partitions
+        ]
+        return str(description.topic_id), sorted(partitions)
+
+    def topic_configs(self, name: str) -> dict[str, str]:
+        """The configs set on the topic itself, not those it inherits."""
+        resource = ConfigResource(ResourceType.TOPIC, name)
+        (future,) = self.client.describe_configs([resource], request_timeout=self.timeout).values()
+        entries: dict[str, ConfigEntry] = self.wait(future, f"describing topic {name}'s configs")
+        own = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+        return {
+            key: str(entry.value)
+            for key, entry in entries.items()
+            if getattr(entry.source, "value", entry.source) == own and entry.value is not None
+        }
+
+    def observe_topic(self, name: str) -> topics.ObservedTopic | None:
+        found = self.describe_topic(name)
+        if found is None:
             return None
-        raise _error(f"describing topic {name}", exc) from None
-    except TimeoutError:
-        raise AdminError(f"describing topic {name}: no answer in {timeout:g} s") from None
-    partitions = [
-        (p.id, p.leader.id if p.leader is not None else -1) for p in description.partitions
-    ]
-    return str(description.topic_id), sorted(partitions)
+        return topics.ObservedTopic(len(found[1]), self.topic_configs(name))
 
-
-def _topic_configs(client: AdminClient, name: str, timeout: float) -> dict[str, str]:
-    resource = ConfigResource(ResourceType.TOPIC, name)
-    (future,) = client.describe_configs([resource], request_timeout=timeout).values()
-    entries: dict[str, ConfigEntry] = _wait(future, f"describing topic {name}'s configs", timeout)
-    return {
-        key: str(entry.value)
-        for key, entry in entries.items()
-        if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value and entry.value is not None
-    }
-
-
-def _offsets(
-    client: AdminClient, name: str, partitions: list[int], timeout: float
-) -> dict[int, tuple[int, int]]:
-    """partition -> (log start offset, high watermark)."""
-    out: dict[int, list[int]] = {p: [-1, -1] for p in partitions}
-    for index, spec in enumerate((OffsetSpec.earliest(), OffsetSpec.latest())):
-        futures = client.list_offsets(
-            {TopicPartition(name, p): spec for p in partitions}, request_timeout=timeout
-        )
-        for tp, future in futures.items():
-            out[tp.partition][index] = int(_wait(future, f"offsets of {name}", timeout).offset)
-    return {p: (start, end) for p, (start, end) in out.items()}
-
-
-def _reconcile_topic(conn: Connection, spec: topics.TopicSpec) -> topics.TopicStatus:
-    timeout = conn.timeout
-    with _client(conn) as client:
-        found = _describe_topic(client, spec.name, timeout)
-        observed = None
-        if found is not None:
-            observed = topics.ObservedTopic(
-                len(found[1]), _topic_configs(client, spec.name, timeout)
-            )
-        todo = topics.plan(spec, observed)
+    def apply_topic(self, spec: topics.TopicSpec, todo: topics.Plan) -> topics.Plan:
+        """Carry out ``todo``; what was done (a topic created meanwhile by another: planned
+        again and altered instead)."""
         if todo.create:
             new = NewTopic(spec.name, spec.partitions, config=dict(spec.configs))
-            (future,) = client.create_topics([new], request_timeout=timeout).values()
+            (future,) = self.client.create_topics([new], request_timeout=self.timeout).values()
             try:
-                _wait(future, f"creating topic {spec.name}", timeout)
+                self.wait(future, f"creating topic {spec.name}")
+                return todo
             except AdminError as exc:
                 if exc.code != "TOPIC_ALREADY_EXISTS":
                     raise
+            todo = topics.plan(spec, self.observe_topic(spec.name))
+            if todo.create:
+                raise AdminError(f"creating topic {spec.name}: it exists, yet is not described")
         if todo.add_partitions_to is not None:
             grow = NewPartitions(spec.name, todo.add_partitions_to)
-            (future,) = client.create_partitions([grow], request_timeout=timeout).values()
-            _wait(future, f"adding partitions to {spec.name}", timeout)
+            (future,) = self.client.create_partitions([grow], request_timeout=self.timeout).values()
+            self.wait(future, f"adding partitions to topic {spec.name}")
         if todo.set_configs or todo.delete_configs:
             entries = [
                 ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
@@ -184,46 +257,118 @@ def _reconcile_topic(conn: Connection, spec: topics.TopicSpec) -> topics.TopicSt
                 for k in todo.delete_configs
             ]
             resource = ConfigResource(ResourceType.TOPIC, spec.name, incremental_configs=entries)
-            (future,) = client.incremental_alter_configs(
-                [resource], request_timeout=timeout
-            ).values()
-            _wait(future, f"altering topic {spec.name}'s configs", timeout)
-        found = _describe_topic(client, spec.name, timeout)
-        if found is None:
-            raise AdminError(f"topic {spec.name} is not described after its creation")
-        topic_id, leaders = found
-        offsets = _offsets(client, spec.name, [p for p, _ in leaders], timeout)
-        states = tuple(
-            topics.PartitionState(p, leader, offsets[p][1], offsets[p][0]) for p, leader in leaders
+            futures = self.client.incremental_alter_configs(
+                [resource], request_timeout=self.timeout
+            )
+            self.wait_all(futures.values(), f"altering topic {spec.name}'s configs")
+        return todo
+
+    def described_after_change(self, name: str) -> tuple[str, list[tuple[int, int]]]:
+        """The topic's description; right after its creation another broker may not know it
+        yet, so it is asked again within the timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            found = self.describe_topic(name)
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                raise AdminError(f"topic {name} is not described after its creation")
+            time.sleep(POLL_INTERVAL)
+
+    def offsets(self, name: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """partition -> (log start offset, high watermark); -1 where the partition's leader
+        answered with an error (no leader yet, say)."""
+        if not partitions:
+            return {}
+        found = {p: [-1, -1] for p in partitions}
+        for index, spec in enumerate((OffsetSpec.earliest(), OffsetSpec.latest())):
+            futures = self.client.list_offsets(
+                {TopicPartition(name, p): spec for p in partitions}, request_timeout=self.timeout
+            )
+            for tp, future in futures.items():
+                try:
+                    found[tp.partition][index] = int(self.wait(future, f"offsets of {name}").offset)
+                except AdminError as exc:
+                    if not _broker_answered(exc):
+                        raise
+                    log.info("offsets not known", extra={"topic": name, "error": str(exc)})
+        return {p: (start, end) for p, (start, end) in found.items()}
+
+    # --- users -----------------------------------------------------------------------------
+
+    def features(self) -> users.Features:
+        cluster = self.wait(
+            self.client.describe_cluster(request_timeout=self.timeout), "describing the cluster"
         )
-        return topics.status(spec, topic_id, states, todo)
+        configs: dict[str, str] | None = None
+        if cluster.nodes:
+            resource = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
+            futures = self.client.describe_configs([resource], request_timeout=self.timeout)
+            try:
+                (entries,) = self.wait_all(futures.values(), "describing a broker's configs")
+                configs = {
+                    key: "" if entry.value is None else str(entry.value)
+                    for key, entry in entries.items()
+                }
+            except AdminError as exc:
+                if not _broker_answered(exc):
+                    raise
+                # An admin without DescribeConfigs on the cluster: its own login tells SASL.
+                log.warning("broker configs not readable", extra={"error": str(exc)})
+        connected_with_sasl = self.conn.security_protocol.upper().startswith("SASL_")
+        return users.features(configs, connected_with_sasl)
 
-
-async def reconcile_topic(conn: Connection, spec: topics.TopicSpec) -> topics.TopicStatus:
-    return await asyncio.to_thread(_reconcile_topic, conn, spec)
-
-
-def _delete_topic(conn: Connection, name: str) -> None:
-    with _client(conn) as client:
-        (future,) = client.delete_topics([name], request_timeout=conn.timeout).values()
+    def mechanisms(self, name: str) -> set[str]:
+        """The SCRAM mechanisms ``name`` has a credential for."""
+        futures = self.client.describe_user_scram_credentials([name], request_timeout=self.timeout)
         try:
-            _wait(future, f"deleting topic {name}", conn.timeout)
+            description = self.wait(futures[name], f"describing user {name}'s credentials")
         except AdminError as exc:
-            if exc.code != "UNKNOWN_TOPIC_OR_PART":
-                raise
+            if exc.code == "RESOURCE_NOT_FOUND":  # no credential at all
+                return set()
+            raise
+        return {
+            MECHANISM_NAMES[info.mechanism]
+            for info in description.scram_credential_infos
+            if info.mechanism in MECHANISM_NAMES
+        }
 
+    def alter_credentials(
+        self, name: str, upsert: tuple[str, int, str] | None, delete: Iterable[str]
+    ) -> None:
+        """Store (mechanism, iterations, password) and delete the credentials of ``delete``,
+        in one request (Kafka applies a user's changes all or none)."""
+        alterations: list[Any] = [UserScramCredentialDeletion(name, MECHANISMS[m]) for m in delete]
+        if upsert is not None:
+            mechanism, iterations, password = upsert
+            info = ScramCredentialInfo(MECHANISMS[mechanism], iterations)
+            alterations.append(UserScramCredentialUpsertion(name, info, password.encode()))
+        if alterations:
+            futures = self.client.alter_user_scram_credentials(
+                alterations, request_timeout=self.timeout
+            )
+            self.wait_all(futures.values(), f"storing user {name}'s credentials")
 
-async def delete_topic(conn: Connection, name: str) -> None:
-    await asyncio.to_thread(_delete_topic, conn, name)
+    def acls_of(self, principal: str) -> set[users.Acl]:
+        # Without an authorizer librdkafka drops DescribeAcls' SECURITY_DISABLED: the listing
+        # is then empty, and the first CreateAcls says it.
+        found = self.wait(
+            self.client.describe_acls(_principal_filter(principal), request_timeout=self.timeout),
+            f"listing the ACLs of {principal}",
+        )
+        return {_as_acl(binding) for binding in found}
 
+    def create_acls(self, principal: str, acls: Iterable[users.Acl]) -> None:
+        bindings = [_binding(AclBinding, principal, acl) for acl in acls]
+        if bindings:
+            futures = self.client.create_acls(bindings, request_timeout=self.timeout)
+            self.wait_all(futures.values(), f"creating ACLs of {principal}")
 
-# --- users ---------------------------------------------------------------------------------
-
-_MECHANISMS = {
-    "SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256,
-    "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512,
-}
-_MECHANISM_NAMES = {value: key for key, value in _MECHANISMS.items()}
+    def delete_acls(self, principal: str, acls: Iterable[users.Acl]) -> None:
+        filters = [_binding(AclBindingFilter, principal, acl) for acl in acls]
+        if filters:
+            futures = self.client.delete_acls(filters, request_timeout=self.timeout)
+            self.wait_all(futures.values(), f"deleting ACLs of {principal}")
 
 
 def _principal_filter(principal: str) -> AclBindingFilter:
@@ -238,10 +383,11 @@ def _principal_filter(principal: str) -> AclBindingFilter:
     )
 
 
-def _binding(principal: str, acl: users.Acl) -> AclBinding:
-    kind, name, pattern, operation, host, permission = acl
-    return AclBinding(
-        ResourceType[kind],
+def _binding(kind: type[Any], principal: str, acl: users.Acl) -> Any:
+    """An AclBinding (to create) or an AclBindingFilter matching exactly that ACL."""
+    resource_type, name, pattern, operation, host, permission = acl
+    return kind(
+        ResourceType[resource_type],
         name,
         ResourcePatternType[pattern],
         principal,
@@ -262,123 +408,100 @@ def _as_acl(binding: AclBinding) -> users.Acl:
     )
 
 
-def _mechanisms(client: AdminClient, name: str, timeout: float) -> set[str]:
-    future = client.describe_user_scram_credentials([name], request_timeout=timeout)
-    futures = future if isinstance(future, dict) else {name: future}
-    try:
-        description = futures[name].result(timeout=timeout)
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() == KafkaError.RESOURCE_NOT_FOUND:
-            return set()
-        raise _error(f"describing user {name}'s credentials", exc) from None
-    except TimeoutError:
-        raise AdminError(f"describing user {name}: no answer in {timeout:g} s") from None
-    return {
-        _MECHANISM_NAMES[info.mechanism]
-        for info in description.scram_credential_infos
-        if info.mechanism in _MECHANISM_NAMES
-    }
+# --- the interface -------------------------------------------------------------------------
 
 
-def _acls_of(client: AdminClient, principal: str, timeout: float) -> set[users.Acl] | None:
-    """The principal's ACLs; None when the cluster has no authorizer."""
-    future = client.describe_acls(_principal_filter(principal), request_timeout=timeout)
-    try:
-        found = _wait(future, f"listing the ACLs of {principal}", timeout)
-    except AdminError as exc:
-        if exc.code == "SECURITY_DISABLED":
-            return None
-        raise
-    return {_as_acl(binding) for binding in found}
+def _reconcile_topic(conn: Connection, spec: topics.TopicSpec) -> topics.TopicStatus:
+    with _Session(conn) as session:
+        done = session.apply_topic(spec, topics.plan(spec, session.observe_topic(spec.name)))
+        topic_id, leaders = session.described_after_change(spec.name)
+        offsets = session.offsets(spec.name, [p for p, _ in leaders])
+        states = tuple(
+            topics.PartitionState(p, leader, offsets[p][1], offsets[p][0]) for p, leader in leaders
+        )
+        return topics.status(spec, topic_id, states, done)
+
+
+async def reconcile_topic(conn: Connection, spec: topics.TopicSpec) -> topics.TopicStatus:
+    """Create or alter the topic as the spec says; its status as described afterwards."""
+    return await asyncio.to_thread(_reconcile_topic, conn, spec)
+
+
+def _delete_topic(conn: Connection, name: str) -> None:
+    with _Session(conn) as session:
+        (future,) = session.client.delete_topics([name], request_timeout=conn.timeout).values()
+        try:
+            session.wait(future, f"deleting topic {name}")
+        except AdminError as exc:
+            if exc.code != "UNKNOWN_TOPIC_OR_PART":
+                raise
+
+
+async def delete_topic(conn: Connection, name: str) -> None:
+    """Delete the topic; one that does not exist is no error."""
+    await asyncio.to_thread(_delete_topic, conn, name)
 
 
 def _reconcile_user(
     conn: Connection, spec: users.UserSpec, password: str, previous_digest: str
 ) -> users.UserStatus:
-    timeout = conn.timeout
-    with _client(conn) as client:
-        mechanisms = _mechanisms(client, spec.name, timeout)
-        acls = _acls_of(client, spec.principal, timeout)
-        todo = users.plan(spec, password, previous_digest, mechanisms, acls or set())
-        alterations: list[Any] = []
-        if todo.upsert:
-            info = ScramCredentialInfo(_MECHANISMS[spec.mechanism], spec.iterations)
-            alterations.append(UserScramCredentialUpsertion(spec.name, info, password.encode()))
-        alterations += [
-            UserScramCredentialDeletion(spec.name, _MECHANISMS[m]) for m in todo.delete_mechanisms
-        ]
-        if alterations:
-            for future in client.alter_user_scram_credentials(
-                alterations, request_timeout=timeout
-            ).values():
-                _wait(future, f"storing user {spec.name}'s credentials", timeout)
-        if acls is None:
-            ready = not spec.acls
-            return users.UserStatus(
-                spec.name,
-                spec.mechanism,
-                todo.digest,
-                0,
-                ready,
-                "Reconciled" if ready else "AuthorizationNotEnabled",
-                "credentials stored"
-                if ready
-                else "credentials stored; the cluster has no authorizer for the ACLs "
-                "(spec.brokers.authorization.type: acl)",
-            )
-        if todo.create_acls:
-            bindings = [_binding(spec.principal, acl) for acl in todo.create_acls]
-            for future in client.create_acls(bindings, request_timeout=timeout).values():
-                _wait(future, f"creating ACLs of {spec.principal}", timeout)
-        for acl in todo.delete_acls:
-            kind, name, pattern, operation, host, permission = acl
-            exact = AclBindingFilter(
-                ResourceType[kind],
-                name,
-                ResourcePatternType[pattern],
-                spec.principal,
-                host,
-                AclOperation[operation],
-                AclPermissionType[permission],
-            )
-            for future in client.delete_acls([exact], request_timeout=timeout).values():
-                _wait(future, f"deleting an ACL of {spec.principal}", timeout)
-        return users.UserStatus(
-            spec.name,
-            spec.mechanism,
-            todo.digest,
-            len(spec.acls),
-            True,
-            "Reconciled",
-            f"credentials stored, {len(spec.acls)} ACLs",
-        )
+    with _Session(conn) as session:
+        found = session.features()
+        if not found.sasl:
+            return users.authentication_not_enabled(spec, found)
+        authorizer = found.authorizer is not False  # unknown: try, SECURITY_DISABLED tells
+        mechanisms = session.mechanisms(spec.name)
+        observed = session.acls_of(spec.principal) if authorizer else set()
+        todo = users.plan(spec, password, previous_digest, mechanisms, observed)
+        upsert = (spec.mechanism, spec.iterations, password) if todo.upsert else None
+        session.alter_credentials(spec.name, upsert, todo.delete_mechanisms)
+        if authorizer:
+            try:
+                session.create_acls(spec.principal, todo.create_acls)
+                session.delete_acls(spec.principal, todo.delete_acls)
+            except AdminError as exc:
+                if exc.code != "SECURITY_DISABLED":
+                    raise
+                authorizer = False
+        return users.status(spec, todo, authorizer)
 
 
 async def reconcile_user(
     conn: Connection, spec: users.UserSpec, password: str, previous_digest: str
 ) -> users.UserStatus:
+    """Store the user's SCRAM credential when the password or mechanism changed (or it is
+    missing), delete its other mechanisms' credentials, make its ACLs the spec's."""
     return await asyncio.to_thread(_reconcile_user, conn, spec, password, previous_digest)
 
 
 def _delete_user(conn: Connection, name: str) -> None:
-    timeout = conn.timeout
-    with _client(conn) as client:
-        mechanisms = _mechanisms(client, name, timeout)
-        if mechanisms:
-            deletions = [UserScramCredentialDeletion(name, _MECHANISMS[m]) for m in mechanisms]
-            for future in client.alter_user_scram_credentials(
-                deletions, request_timeout=timeout
-            ).values():
-                _wait(future, f"deleting user {name}'s credentials", timeout)
-        future = client.delete_acls([_principal_filter(f"User:{name}")], request_timeout=timeout)
-        for each in future.values():
-            try:
-                _wait(each, f"deleting the ACLs of User:{name}", timeout)
-            except AdminError as exc:
-                if exc.code != "SECURITY_DISABLED":
-                    raise
+    with _Session(conn) as session:
+        try:
+            session.alter_credentials(name, None, sorted(session.mechanisms(name)))
+        except AdminError as exc:
+            if exc.code != "RESOURCE_NOT_FOUND":  # deleted meanwhile
+                raise
+        try:
+            futures = session.client.delete_acls(
+                [_principal_filter(f"User:{name}")], request_timeout=conn.timeout
+            )
+            session.wait_all(futures.values(), f"deleting the ACLs of User:{name}")
+        except AdminError as exc:
+            if exc.code != "SECURITY_DISABLED":
+                raise
 
 
 async def delete_user(conn: Connection, name: str) -> None:
+    """Delete the user's SCRAM credentials and every ACL of principal User:<name>; a user
+    that does not exist is no error."""
     await asyncio.to_thread(_delete_user, conn, name)
+
+
+async def features(conn: Connection) -> users.Features:
+    """Whether the cluster has a SASL listener and enforces ACLs."""
+
+    def run() -> users.Features:
+        with _Session(conn) as session:
+            return session.features()
+
+    return await asyncio.to_thread(run)

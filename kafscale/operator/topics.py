@@ -1,5 +1,11 @@
 """A KafscaleTopic: its spec, what to do about the topic as the brokers describe it, and its
-status (docs/design/operator.md, section 5). Pure."""
+status (docs/design/operator.md, section 5). Pure: `admin` describes and carries out.
+
+Invariants: partitions are only ever added (a spec asking for fewer is refused in the status,
+``PartitionsDecreaseNotSupported``, and everything else is still done); the configs set on the
+topic (Kafka's DYNAMIC_TOPIC_CONFIG source) are exactly the spec's, those removed from the spec
+being deleted so the broker's default applies again.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ def parse_topic(resource: dict[str, Any]) -> TopicSpec:
     if not isinstance(cluster, str) or not cluster:
         raise SpecError("spec.cluster: the KafscaleCluster's name is required")
     name = spec.get("topicName") or meta.get("name", "")
-    if not isinstance(name, str) or not TOPIC_NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
         raise SpecError(f"spec.topicName: {name!r} is not a valid topic name")
     partitions = spec.get("partitions", 1)
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
@@ -55,7 +61,7 @@ class ObservedTopic:
 
 @dataclass(frozen=True)
 class Plan:
-    create: bool = False
+    create: bool = False  # create the topic with the spec's partitions and configs
     add_partitions_to: int | None = None  # the new total
     set_configs: dict[str, str] = field(default_factory=dict)
     delete_configs: tuple[str, ...] = ()
@@ -92,9 +98,9 @@ def plan(spec: TopicSpec, observed: ObservedTopic | None) -> Plan:
 @dataclass(frozen=True)
 class PartitionState:
     partition: int
-    leader: int
-    high_watermark: int
-    log_start_offset: int
+    leader: int  # -1: none
+    high_watermark: int  # -1: not known (ListOffsets failed for the partition)
+    log_start_offset: int  # -1: not known
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,10 @@ def status(
         reason, message = done.problem
         return TopicStatus(spec.name, topic_id, partitions, False, reason, message)
     leaderless = [p.partition for p in partitions if p.leader < 0]
+    unknown = [p.partition for p in partitions if p.high_watermark < 0 or p.log_start_offset < 0]
     message = f"{len(partitions)} partitions"
     if leaderless:
         message += f"; no leader yet for partitions {leaderless[:10]}"
+    if unknown:
+        message += f"; offsets not known yet for partitions {unknown[:10]}"
     return TopicStatus(spec.name, topic_id, partitions, True, "Reconciled", message)

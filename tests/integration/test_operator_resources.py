@@ -126,15 +126,21 @@ def client_config(secure: Secure, user: str, password: str) -> dict[str, Any]:
 
 
 def describe_topic(secure: Secure, topic: str) -> Any:
+    """(partitions, configs set on the topic), or (None, {}) when it does not exist. Through
+    DescribeTopics, not Metadata: a Metadata request for a missing topic creates it."""
+    from confluent_kafka import KafkaException, TopicCollection
     from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
     admin = AdminClient(client_config(secure, ADMIN, ADMIN_PASSWORD))
-    metadata = admin.list_topics(topic=topic, timeout=30)
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None:
-        return None, {}
-    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()
-    configs = {name: entry.value for name, entry in future.result().items()}
+    (future,) = admin.describe_topics(TopicCollection([topic])).values()
+    try:
+        found = future.result(30)
+    except KafkaException as exc:
+        if exc.args[0].name() == "UNKNOWN_TOPIC_OR_PART":
+            return None, {}
+        raise
+    (configs_future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()
+    configs = {name: entry.value for name, entry in configs_future.result(30).items()}
     return len(found.partitions), configs
 
 
