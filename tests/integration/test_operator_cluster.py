@@ -218,12 +218,17 @@ def test_scale_down_removes_one_ready_broker_at_a_time(
 
     api.ok("PATCH", path, {"spec": {"brokers": {"replicas": 2}}}, "application/merge-patch+json")
     api.wait_for(sts_path, lambda o: o["spec"]["replicas"] == 3, what="one step down")
+    # The step's own reconcile says "one broker at a time"; the next ones, which see the
+    # StatefulSet's status lag its spec, say what they wait for.
     cluster = api.wait_for(
         path,
-        lambda o: condition(o, "Reconciling").get("reason") == "ScalingDown",
-        what="Reconciling ScalingDown",
+        lambda o: (
+            "waiting for the previous broker to stop"
+            in condition(o, "Reconciling").get("message", "")
+        ),
+        what="Reconciling ScalingDown, waiting for the previous broker",
     )
-    assert "waiting for the previous broker to stop" in condition(cluster, "Reconciling")["message"]
+    assert condition(cluster, "Reconciling")["reason"] == "ScalingDown"
     # The StatefulSet still reports the fourth pod (terminating, draining): no next step.
     set_ready(kube, namespace, "shrink-broker", 4, 3)
     cluster = api.wait_for(
