@@ -13,6 +13,7 @@ this one's (``prod`` and ``prod-eu``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -23,8 +24,8 @@ from collections.abc import Iterable
 from kafscale import config as configuration
 from kafscale.metadata import MetadataStoreError, open_metadata_store
 from kafscale.metadata.backup import BackupError, backup, restore
+from kafscale.storage import open_object_store
 from kafscale.storage.objects import ObjectStoreError
-from kafscale.storage.s3 import S3ObjectStore
 
 log = logging.getLogger("kafscale.metadata.backup")
 
@@ -81,15 +82,9 @@ def main(args: argparse.Namespace) -> int:
     if not config.etcd_endpoints:
         print("kafscale metadata: KAFSCALE_ETCD_ENDPOINTS is not set", file=sys.stderr)
         return 2
-    objects = S3ObjectStore(
-        bucket=args.bucket or config.s3_bucket,
-        region=config.s3_region,
-        endpoint_url=config.s3_endpoint or None,
-        path_style=config.s3_path_style,
-        access_key=config.s3_access_key or None,
-        secret_key=config.s3_secret_key or None,
-        timeout=config.s3_timeout_ms / 1000,
-        ca_file=config.s3_ca_file or None,
+    # The broker's own object store, in the backups' bucket when it is another.
+    objects = open_object_store(
+        dataclasses.replace(config, s3_bucket=args.bucket or config.s3_bucket)
     )
     store = open_metadata_store(config)
     try:
