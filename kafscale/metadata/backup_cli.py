@@ -22,10 +22,6 @@ import time
 from collections.abc import Iterable
 
 from kafscale import config as configuration
-from kafscale.metadata import MetadataStoreError, open_metadata_store
-from kafscale.metadata.backup import BackupError, backup, restore
-from kafscale.storage import open_object_store
-from kafscale.storage.objects import ObjectStoreError
 
 log = logging.getLogger("kafscale.metadata.backup")
 
@@ -74,6 +70,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def main(args: argparse.Namespace) -> int:
+    # Imported here, not with the parser: every `kafscale` command builds the parser (the
+    # preStop `kafscale drain` too), and these bring boto3 and grpc.
+    from kafscale.metadata import MetadataStoreError, open_metadata_store
+    from kafscale.metadata.backup import BackupError, backup, restore
+    from kafscale.storage import open_object_store
+    from kafscale.storage.objects import ObjectStoreError
+
     try:
         config = configuration.load(os.environ)
     except configuration.ConfigError as exc:
