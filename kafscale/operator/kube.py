@@ -17,7 +17,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.types import PatchType
 
 from kafscale.operator import FIELD_MANAGER, GROUP, VERSION
-from kafscale.operator.objects import Obj, identity, managed_selector
+from kafscale.operator.objects import Obj, identity, managed_labels
 
 Resource = Any  # a lightkube generic resource class
 
@@ -94,7 +94,7 @@ class Kube:
             if exc.status.code == 404:
                 return None
             raise
-        return _plain(found)
+        return dict(found)
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         try:
@@ -113,7 +113,7 @@ class Kube:
             async for found in self.client.list(
                 resource(api_version, kind),
                 namespace=namespace,
-                labels=_labels(managed_selector(cluster)),
+                labels=dict(managed_labels(cluster)),
             ):
                 name = found.metadata.name
                 if (api_version, kind, name) not in wanted:
@@ -180,13 +180,6 @@ class Kube:
             if exc.status.code != 404:  # deleted meanwhile
                 raise
 
-
-def _plain(found: Any) -> Obj:
-    return found.to_dict() if hasattr(found, "to_dict") else dict(found)
-
-
-def _labels(selector: str) -> dict[str, Any]:
-    return dict(pair.split("=", 1) for pair in selector.split(","))
 
 
 def random_token() -> str:

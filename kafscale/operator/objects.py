@@ -40,9 +40,9 @@ def labels(cluster: Cluster, component: str) -> dict[str, str]:
     return {**selector(cluster, component), LABEL_MANAGED_BY: MANAGED_BY}
 
 
-def managed_selector(cluster_name: str) -> str:
-    """A label selector for everything the operator made for one cluster (the prune's list)."""
-    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_INSTANCE}={cluster_name}"
+def managed_labels(cluster_name: str) -> dict[str, str]:
+    """The labels of everything the operator made for one cluster (the prune lists by them)."""
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_INSTANCE: cluster_name}
 
 
 def owner_reference(cluster: Cluster) -> Obj:

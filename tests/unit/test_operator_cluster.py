@@ -24,7 +24,7 @@ from kafscale import cli, config
 from kafscale.operator import brokers, cluster
 from kafscale.operator.model import Cluster, SpecError, parse_cluster
 from kafscale.operator.names import port_name
-from kafscale.operator.objects import identity, managed_selector
+from kafscale.operator.objects import identity, managed_labels
 from kafscale.security import listeners
 from kafscale.settings import SETTINGS, SETTINGS_BY_FIELD
 from kafscale.supervisor import arbiter, broker, health
@@ -218,7 +218,7 @@ def test_the_schema_check_sees_a_misspelt_field_in_a_generated_object() -> None:
 
 @pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
 def test_every_object_is_owned_labelled_and_found_by_the_prune(spec: Obj) -> None:
-    wanted = dict(part.split("=") for part in managed_selector("demo").split(","))
+    wanted = managed_labels("demo")
     found = objects(spec)
     identities = [identity(obj) for obj in found]
     assert len(set(identities)) == len(identities)  # two objects would be one apply
