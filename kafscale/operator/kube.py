@@ -181,6 +181,5 @@ class Kube:
                 raise
 
 
-
 def random_token() -> str:
     return secrets.token_urlsafe(32)
