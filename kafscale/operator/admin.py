@@ -2,33 +2,24 @@
 AdminClient, connected to a cluster as its admin, describing what `topics.plan` and `users.plan`
 decide from and carrying out what they return.
 
-One client per reconcile (`_Session`), run in a thread (the client's futures block). Every call
-waits at most the connection's timeout, and fails at once when librdkafka reports on the side
-that waiting cannot help (a refused login, a certificate not trusted). Every failure is an
-`AdminError` whose message says what was being done and what the broker or librdkafka answered,
-never a password.
+One client per reconcile (`_Session`, a `kafscale.kafka_admin.Session`: bounded waits, failures
+as `AdminError`), run in a thread (the client's futures block).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
-    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -39,161 +30,29 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
     ScramCredentialInfo,
-    ScramMechanism,
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
 
+from kafscale.kafka_admin import (
+    MECHANISM_NAMES,
+    MECHANISMS,
+    POLL_INTERVAL,
+    AdminError,
+    Connection,
+    Session,
+    broker_answered,
+)
 from kafscale.operator import topics, users
 
 log = logging.getLogger("kafscale.operator.admin")
-POLL_INTERVAL = 0.1  # seconds between looks at librdkafka's side errors while a call waits
-# Side errors (error_cb) no waiting cures: said at once, not after the call's timeout.
-FATAL = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
-MECHANISMS = {
-    "SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256,
-    "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512,
-}
-MECHANISM_NAMES = {value: key for key, value in MECHANISMS.items()}
 
 
-@dataclass(frozen=True)
-class Connection:
-    bootstrap: str  # host:port, already address-mapped
-    security_protocol: str  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: str | None  # SCRAM-SHA-512 | SCRAM-SHA-256 | PLAIN
-    username: str | None
-    password: str | None = field(repr=False)  # never in a log line
-    ca_pem: bytes | None = field(repr=False)  # the CA to trust for TLS
-    timeout: float = 30.0  # seconds per admin call
-
-
-class AdminError(Exception):
-    """An admin call failed; ``retriable``: trying again later may succeed; ``code``: Kafka's
-    (or librdkafka's) error name, "" for no answer."""
-
-    def __init__(self, message: str, retriable: bool = True, code: str = "") -> None:
-        super().__init__(message)
-        self.retriable = retriable
-        self.code = code
-
-
-def _error(what: str, exc: BaseException) -> AdminError:
-    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-        error: KafkaError = exc.args[0]
-        return AdminError(
-            f"{what}: {error.name()}: {error.str()}", bool(error.retriable()), error.name()
-        )
-    return AdminError(f"{what}: {type(exc).__name__}: {exc}")
-
-
-class _Debug:
-    """librdkafka's log, served by poll(), at debug: what it logs as errors (a refused
-    connection, at every reconnect) is said once in the AdminError instead."""
-
-    def __init__(self) -> None:
-        self.logger = logging.getLogger("kafscale.operator.librdkafka")
-
-    def log(self, level: int, message: str, *args: object) -> None:
-        self.logger.debug(message, *args)
-
-
-_LIBRDKAFKA_LOG = _Debug()
-
-
-def _broker_answered(exc: AdminError) -> bool:
-    """The broker answered with an error (librdkafka's own errors start with "_")."""
-    return bool(exc.code) and not exc.code.startswith("_")
-
-
-class _SideErrors:
-    """librdkafka's error_cb: what it reported besides the calls' results. Not the session's
-    method: the client would hold its session and the session its client, a cycle that keeps
-    librdkafka's threads alive until the garbage collector runs."""
-
-    def __init__(self) -> None:
-        self.last: KafkaError | None = None
-        self.fatal: KafkaError | None = None
-
-    def __call__(self, error: KafkaError) -> None:
-        self.last = error
-        if error.code() in FATAL:
-            self.fatal = error
-
-
-class _Session:
+class _Session(Session):
     """One AdminClient, used for one reconcile and dropped with the session."""
 
     def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.timeout = conn.timeout
-        self._side = _SideErrors()
-        self._ca_path: str | None = None
-        config: dict[str, Any] = {
-            "bootstrap.servers": conn.bootstrap,
-            "security.protocol": conn.security_protocol.lower(),
-            "socket.timeout.ms": max(1000, int(conn.timeout * 1000)),
-            "client.id": "kafscale-operator",
-            "error_cb": self._side,
-            "logger": _LIBRDKAFKA_LOG,
-        }
-        if conn.sasl_mechanism:
-            config["sasl.mechanisms"] = conn.sasl_mechanism
-            config["sasl.username"] = conn.username or ""
-            config["sasl.password"] = conn.password or ""
-        if conn.ca_pem:
-            # librdkafka reads a CA from a file: a private one (mkstemp: mode 0600), removed
-            # when the session ends.
-            handle, self._ca_path = tempfile.mkstemp(prefix="kafscale-operator-ca-", suffix=".pem")
-            with os.fdopen(handle, "wb") as out:
-                out.write(conn.ca_pem)
-            config["ssl.ca.location"] = self._ca_path
-        try:
-            self.client: Any = AdminClient(config)
-        except KafkaException as exc:
-            self.close()
-            raise _error(f"connecting to {conn.bootstrap}", exc) from None
-
-    def close(self) -> None:
-        self.client = None  # librdkafka's threads end with it, whoever holds the session
-        if self._ca_path is not None:
-            os.unlink(self._ca_path)
-            self._ca_path = None
-
-    def __enter__(self) -> _Session:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def wait(self, future: Future[Any], what: str) -> Any:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return future.result(timeout=POLL_INTERVAL)
-            except TimeoutError:
-                pass
-            except Exception as exc:
-                error = _error(what, exc)
-                if error.code.startswith("_"):  # librdkafka's own (a timeout): say why
-                    self.client.poll(0)
-                    error = AdminError(f"{error}{self._last()}", True, error.code)
-                raise error from None
-            self.client.poll(0)  # serves error_cb and the log
-            fatal = self._side.fatal
-            if fatal is not None:
-                raise AdminError(f"{what}: {fatal.str()}", True, fatal.name())
-            if time.monotonic() >= deadline:
-                raise AdminError(f"{what}: no answer in {self.timeout:g} s{self._last()}")
-
-    def _last(self) -> str:
-        last = self._side.last
-        return f" (last error: {last.str()})" if last is not None else ""
-
-    def wait_all(self, futures: Iterable[Future[Any]], what: str) -> list[Any]:
-        return [self.wait(future, what) for future in futures]
+        super().__init__(conn, client_id="kafscale-operator")
 
     # --- topics ----------------------------------------------------------------------------
 
@@ -289,7 +148,7 @@ class _Session:
                 try:
                     found[tp.partition][index] = int(self.wait(future, f"offsets of {name}").offset)
                 except AdminError as exc:
-                    if not _broker_answered(exc):
+                    if not broker_answered(exc):
                         raise
                     log.info("offsets not known", extra={"topic": name, "error": str(exc)})
         return {p: (start, end) for p, (start, end) in found.items()}
@@ -311,7 +170,7 @@ class _Session:
                     for key, entry in entries.items()
                 }
             except AdminError as exc:
-                if not _broker_answered(exc):
+                if not broker_answered(exc):
                     raise
                 # An admin without DescribeConfigs on the cluster: its own login tells SASL.
                 log.warning("broker configs not readable", extra={"error": str(exc)})

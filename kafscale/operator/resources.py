@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 from lightkube import ApiError
 
+from kafscale.kafka_admin import AdminError, Connection
 from kafscale.operator import GROUP, VERSION, admin, cluster, status, topics, users
 from kafscale.operator.context import RETRY_DELAY, Context, lock, now
 from kafscale.operator.kube import CLUSTERS, TOPICS, USERS, random_token
@@ -47,7 +48,7 @@ async def _cluster_of(ctx: Context, namespace: str, cluster_name: str) -> Cluste
         raise NotReachable("ClusterInvalid", f"the cluster's spec is invalid: {exc}") from None
 
 
-async def connection(ctx: Context, parsed: Cluster) -> admin.Connection:
+async def connection(ctx: Context, parsed: Cluster) -> Connection:
     bootstrap, protocol, mechanism = cluster.admin_endpoint(parsed)
     username = password = None
     if mechanism is not None:
@@ -64,7 +65,7 @@ async def connection(ctx: Context, parsed: Cluster) -> admin.Connection:
         data = await ctx.kube.secret_data(parsed.namespace, tls.secret_name) or {}
         # The CA that signed the brokers' certificate; a self-signed certificate is its own.
         ca_pem = data.get("ca.crt") or data.get("tls.crt")
-    return admin.Connection(
+    return Connection(
         bootstrap=ctx.settings.address(bootstrap),
         security_protocol=protocol,
         sasl_mechanism=mechanism,
@@ -122,7 +123,7 @@ async def reconcile_topic(ctx: Context, body: dict[str, Any]) -> None:
                 _simple_status(generation, previous, False, exc.reason, str(exc)),
             )
             raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from None
-        except admin.AdminError as exc:
+        except AdminError as exc:
             await ctx.kube.patch_status(
                 TOPICS,
                 namespace,
@@ -158,7 +159,7 @@ async def delete_topic(ctx: Context, body: dict[str, Any]) -> None:
         return
     try:
         await admin.delete_topic(conn, spec.name)
-    except admin.AdminError as exc:
+    except AdminError as exc:
         raise kopf.TemporaryError(f"deleting topic {spec.name}: {exc}", delay=RETRY_DELAY) from None
 
 
@@ -239,7 +240,7 @@ async def reconcile_user(ctx: Context, body: dict[str, Any]) -> None:
         except NotReachable as exc:
             await say(False, exc.reason, str(exc), {"userName": spec.name})
             raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from None
-        except admin.AdminError as exc:
+        except AdminError as exc:
             await say(False, "AdminError", str(exc), {"userName": spec.name})
             raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from None
         await say(
@@ -260,5 +261,5 @@ async def delete_user(ctx: Context, body: dict[str, Any]) -> None:
         return
     try:
         await admin.delete_user(conn, spec.name)
-    except admin.AdminError as exc:
+    except AdminError as exc:
         raise kopf.TemporaryError(f"deleting user {spec.name}: {exc}", delay=RETRY_DELAY) from None

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kafscale.kafka_admin import AdminError, Connection
 from kafscale.operator import admin, topics, users
 
 from .test_security import ADMIN, ADMIN_PASSWORD, Secure, start_secure
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.integration
 REFUSED = "_AUTHENTICATION"  # a login the broker refused
 
 
-def connection(secure: Secure, password: str = ADMIN_PASSWORD, **kw: Any) -> admin.Connection:
-    return admin.Connection(
+def connection(secure: Secure, password: str = ADMIN_PASSWORD, **kw: Any) -> Connection:
+    return Connection(
         **{
             "bootstrap": secure.address(secure.sasl_ssl),
             "security_protocol": "SASL_SSL",
@@ -270,7 +271,7 @@ def test_a_topic_is_created_grown_reconfigured_and_deleted(
 
     # A config the broker refuses: an AdminError naming the topic, not worth retrying as is.
     bad = topic_spec("orders", 5, {"retention.ms": "soon"})
-    with pytest.raises(admin.AdminError, match="altering topic orders's configs") as refused:
+    with pytest.raises(AdminError, match="altering topic orders's configs") as refused:
         asyncio.run(admin.reconcile_topic(conn, bad))
     assert refused.value.code == "INVALID_CONFIG" and not refused.value.retriable
 
@@ -383,14 +384,14 @@ def test_a_refused_login_or_an_untrusted_certificate_fails_at_once(
 ) -> None:
     secure = acl_broker
     spec = topic_spec("never", 1, {})
-    with pytest.raises(admin.AdminError) as refused:
+    with pytest.raises(AdminError) as refused:
         asyncio.run(admin.reconcile_topic(connection(secure, "not-the-password"), spec))
     assert refused.value.code == "_AUTHENTICATION" and refused.value.retriable
     assert "SASL authentication error" in str(refused.value)
     assert "not-the-password" not in str(refused.value)
 
     other_ca = connection(secure, ca_pem=secure.pki.other_ca_file.read_bytes())
-    with pytest.raises(admin.AdminError) as untrusted:
+    with pytest.raises(AdminError) as untrusted:
         asyncio.run(admin.reconcile_topic(other_ca, spec))
     assert untrusted.value.code == "_SSL"
     assert "certificate verify failed" in str(untrusted.value)
@@ -425,7 +426,7 @@ def test_a_cluster_without_sasl_says_authentication_is_not_enabled(
     start_broker: Callable[..., Any],
 ) -> None:
     broker = start_broker(ready=True)  # one PLAINTEXT listener
-    conn = admin.Connection(broker.bootstrap, "PLAINTEXT", None, None, None, None, 20.0)
+    conn = Connection(broker.bootstrap, "PLAINTEXT", None, None, None, None, 20.0)
     found = asyncio.run(admin.features(conn))
     assert (found.sasl, found.authorizer) == (False, False)
     assert found.listeners == "PLAINTEXT:PLAINTEXT"

@@ -401,8 +401,8 @@ def test_acls_go_through_confluent_kafkas_names_and_back() -> None:
 
 
 def test_a_connection_never_shows_its_password() -> None:
-    from kafscale.operator import admin
+    from kafscale.kafka_admin import Connection
 
-    conn = admin.Connection("b:9094", "SASL_SSL", "SCRAM-SHA-512", "admin", "hunter2", b"PEM")
+    conn = Connection("b:9094", "SASL_SSL", "SCRAM-SHA-512", "admin", "hunter2", b"PEM")
     assert "hunter2" not in repr(conn) and "hunter2" not in str(conn)
     assert "admin" in repr(conn) and conn.timeout == 30.0
