@@ -134,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         "are KAFSCALE_OPERATOR_* variables; needs the operator extra "
         "(pip install 'kafscale[operator]').",
     )
+    commands.add_parser(
+        "console",
+        help="serve the web console (topics, messages, groups, users and ACLs)",
+        description="Serve the web console until stopped (docs/console.md). Settings are "
+        "KAFSCALE_CONSOLE_* and KAFSCALE_UI_* variables; there is no default login: set "
+        "KAFSCALE_UI_USERNAME and KAFSCALE_UI_PASSWORD, or KAFSCALE_CONSOLE_AUTH=sasl. Needs "
+        "the console extra (pip install 'kafscale[console]').",
+    )
     return parser
 
 
@@ -149,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         from kafscale.operator.main import main as operator_main
 
         return operator_main()
+    if args.command == "console":
+        from kafscale.console.main import main as console_main
+
+        return console_main()
     if args.command == "metadata":
         from kafscale.metadata import backup_cli
 

@@ -2,8 +2,8 @@
 # Installs everything KafScale's test suite needs, from the package registries only:
 #   apt     etcd-server, etcd-client, kcat (and a JDK + Maven if missing)
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
-#   python  .venv with `pip install -e '.[test,spark,operator]'` (step `broker`: `pip install -e .`,
-#           the broker alone, for scripts/serve.sh)
+#   python  .venv with `pip install -e '.[test,spark,operator,console]'` (step `broker`:
+#           `pip install -e .`, the broker alone, for scripts/serve.sh)
 #   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
 #           tests/java/pom.xml)
 #   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
@@ -149,10 +149,10 @@ install_minio() {
 }
 
 # --- python --------------------------------------------------------------------------------
-# Two ways to fill .venv: `python` installs everything the tests need (the broker, the operator
-# and the test and Spark extras); `broker` only the broker, for scripts/serve.sh (a newcomer's
+# Two ways to fill .venv: `python` installs everything the tests need (the broker, the operator,
+# the console and the test and Spark extras); `broker` only the broker, for scripts/serve.sh (a newcomer's
 # first broker does not wait for pyspark). A venv with everything serves both.
-FULL_EXTRAS="test,spark,operator"
+FULL_EXTRAS="test,spark,operator,console"
 
 install_python() { # install_python STEP EXTRAS
     local name=$1 extras=$2
