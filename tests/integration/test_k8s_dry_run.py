@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.harness.kube import HELM, KubeControlPlane
-from tests.unit.test_helm_chart import CHART, template_text
+from tests.unit.test_helm_chart import CHART, CONSOLE, CONSOLE_FULL, template_text
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +146,27 @@ def test_the_rendered_chart_is_accepted(api: KubeControlPlane, namespace: str, m
     finally:
         for name in watched:
             api.apiserver.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def test_console_yaml_is_accepted(api: KubeControlPlane, namespace: str) -> None:
+    result = dry_run(api, "--namespace", namespace, "-f", str(K8S / "console.yaml"))
+    assert_accepted(result)
+    for applied in ("service/kafscale-console", "deployment.apps/kafscale-console"):
+        assert f"{applied} serverside-applied (server dry run)" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("console", [CONSOLE, CONSOLE_FULL], ids=["least", "everything"])
+def test_the_rendered_chart_with_the_console_is_accepted(
+    api: KubeControlPlane, namespace: str, console: dict[str, object]
+) -> None:
+    rendered = template_text({"console": console}, namespace)
+    result = dry_run(api, "-f", "-", stdin=rendered)
+    assert_accepted(result)  # the console's pod passes "restricted" too
+    applied = ["deployment.apps/kafscale-console", "service/kafscale-console"]
+    if console is CONSOLE_FULL:
+        applied.append("ingress.networking.k8s.io/kafscale-console")
+    for name in applied:
+        assert f"{name} serverside-applied (server dry run)" in result.stdout, result.stdout
 
 
 def test_pod_security_admission_would_catch_an_unsafe_operator_pod(
@@ -485,3 +506,43 @@ def test_helm_install_namespaced(api: KubeControlPlane, tmp_path: Path) -> None:
             api.apiserver.wait_gone(path)
         for name in (system, watched, other):
             api.apiserver.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def test_helm_install_with_the_console(api: KubeControlPlane, tmp_path: Path) -> None:
+    release, system = unique("kafscale"), unique("kafscale-system")
+    notes = helm(
+        api,
+        tmp_path,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        system,
+        "--create-namespace",
+        "--wait=false",
+        "--set=console.enabled=true",
+        f"--set=console.bootstrap={CONSOLE['bootstrap']}",
+        "--set=console.username=admin",
+        "--set=console.existingSecret=kafscale-console",
+    )
+    # NOTES.txt: how to log in and reach it.
+    assert f"port-forward service/{release}-console 8088:8088" in notes, notes
+    assert "get secret kafscale-console -o jsonpath='{.data.password}'" in notes, notes
+    paths = [
+        f"/apis/apps/v1/namespaces/{system}/deployments/{release}-console",
+        f"/api/v1/namespaces/{system}/services/{release}-console",
+    ]
+    try:
+        for path in paths:
+            assert exists(api, path), path
+        deployment = api.apiserver.ok("GET", paths[0])
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {
+            "name": "KAFSCALE_UI_PASSWORD_FILE",
+            "value": "/var/run/secrets/kafscale-console/ui-password",
+        } in env
+    finally:
+        helm(api, tmp_path, "uninstall", release, "--namespace", system)
+        for path in paths:
+            api.apiserver.wait_gone(path)
+        api.apiserver.request("DELETE", f"/api/v1/namespaces/{system}")

@@ -3,13 +3,15 @@
 ``helm`` (.tools/bin, scripts/install-deps.sh kube) lints and renders the chart in its two RBAC
 modes; the rendered objects go through Kubernetes' API schemas (``kubernetes_validate``, strict);
 the RBAC is compared with the table of what the operator needs; the Deployment's environment is
-read back by the operator's own settings loader. k8s/operator.yaml must be the rendered chart, and
-every value must be in the chart's README. tests/integration/test_k8s_dry_run.py puts the same
+read back by the operator's own settings loader, and the console's (console.enabled) by the
+console's, with its mounted Secrets' files in place. k8s/operator.yaml must be the rendered chart,
+and every value must be in the chart's README. tests/integration/test_k8s_dry_run.py puts the same
 objects in front of a real API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -23,7 +25,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from aiohttp import test_utils
 
+from kafscale import config as broker_config
+from kafscale.console import settings as console_settings
+from kafscale.console.app import create_app
+from kafscale.console.main import build as build_console
 from kafscale.operator import model
 from kafscale.operator import settings as operator_settings
 from kafscale.settings import SETTINGS_BY_FIELD
@@ -110,9 +117,21 @@ def one(docs: list[Manifest], kind: str) -> Manifest:
 
 
 def container(docs: list[Manifest]) -> dict[str, Any]:
-    (operator,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    (operator,) = operator_deployment(docs)["spec"]["template"]["spec"]["containers"]
     assert isinstance(operator, dict)
     return operator
+
+
+def operator_deployment(docs: list[Manifest]) -> Manifest:
+    """The operator's Deployment (with console.enabled there is a second one)."""
+    found = [
+        doc
+        for doc in docs
+        if doc["kind"] == "Deployment"
+        and doc["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    ]
+    assert len(found) == 1, f"expected the operator's Deployment, found {len(found)}"
+    return found[0]
 
 
 def environment(docs: list[Manifest]) -> dict[str, str]:
@@ -463,9 +482,11 @@ def test_the_operator_image_is_a_target_of_the_dockerfile() -> None:
     # The broker (the default target, last) gets kafscale alone; the wheels hold the extra's.
     *_, broker = stages()
     broker_install = dict(broker)["RUN"]
-    assert "[operator]" not in broker_install
-    assert re.search(r"--find-links=/wheels kafscale( |$)", broker_install), broker_install
-    assert '".[operator]"' in dockerfile_stage("build")["RUN"]
+    assert "operator" not in broker_install
+    # The broker image gets kafscale and the console extra (test_the_console_runs_from_the_
+    # broker_image); the wheels hold both extras'.
+    assert '--find-links=/wheels "kafscale[console]" ' in broker_install, broker_install
+    assert '".[operator,console]"' in dockerfile_stage("build")["RUN"]
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=\[ ]", req)[0] for req in extra["optional-dependencies"]["operator"]}
     assert names == {"kopf", "lightkube", "confluent-kafka"}
@@ -497,3 +518,438 @@ def test_the_cluster_examples_pass_the_operators_checks() -> None:
     for doc in examples().values():
         if doc["kind"] in ("KafscaleTopic", "KafscaleUser"):
             assert doc["spec"]["cluster"] in names
+
+
+# --- the console (console.enabled) --------------------------------------------------------------
+
+CONSOLE_DIR = "/var/run/secrets/kafscale-console"
+# The least a console needs: the brokers, and (auth basic) a user and the Secret of its password.
+CONSOLE = {
+    "enabled": True,
+    "bootstrap": "events-bootstrap.kafka.svc:9092",
+    "username": "admin",
+    "existingSecret": "kafscale-console",
+}
+# Everything on: SASL_SSL with the console's own SCRAM user, a CA, metrics, a TLS etcd with a
+# client certificate and a user, an Ingress with TLS.
+CONSOLE_FULL = {
+    **CONSOLE,
+    "image": {
+        "repository": "registry.example.com/kafscale",
+        "tag": "0.2.0",
+        "pullPolicy": "Always",
+    },
+    "passwordKey": "ui",
+    "kafka": {
+        "securityProtocol": "SASL_SSL",
+        "saslMechanism": "SCRAM-SHA-256",
+        "saslUsername": "console",
+        "saslPasswordSecret": "console-scram",
+        "saslPasswordKey": "pw",
+        "ca": {"secretName": "events-tls", "key": "ca.pem"},
+    },
+    "metricsUrls": ["https://{host}:9093/metrics", "https://static:9093/metrics"],
+    "metadata": {
+        "enabled": True,
+        "etcdEndpoints": ["https://etcd-0.etcd:2379", "etcd-1.etcd:2379"],
+        "namespace": "kafka-events",
+        "etcdTlsSecret": "etcd-client-tls",
+        "etcdClientCert": True,
+        "etcdUsername": "kafscale",
+        "etcdPasswordSecret": "etcd-auth",
+    },
+    "service": {"type": "LoadBalancer", "port": 443, "annotations": {"example.com/lb": "internal"}},
+    "ingress": {
+        "enabled": True,
+        "className": "nginx",
+        "host": "console.example.com",
+        "tlsSecret": "console-tls",
+        "annotations": {"example.com/rewrite": "no"},
+    },
+    "logLevel": "debug",
+    "extraEnv": [{"name": "KAFSCALE_CONSOLE_SESSION_IDLE_SECONDS", "value": "600"}],
+    "resources": {"requests": {"cpu": "50m"}},
+    "podAnnotations": {"example.com/owner": "data"},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {}},
+}
+# A fake private key: the brokers' settings check only that KAFSCALE_ETCD_KEY looks like one.
+FAKE_KEY = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n"
+
+
+def console_docs(docs: list[Manifest]) -> list[Manifest]:
+    return [
+        doc
+        for doc in docs
+        if doc["metadata"]["labels"].get("app.kubernetes.io/component") == "console"
+    ]
+
+
+def console_deployment(docs: list[Manifest]) -> Manifest:
+    (deployment,) = [doc for doc in console_docs(docs) if doc["kind"] == "Deployment"]
+    return deployment
+
+
+def console_container(docs: list[Manifest]) -> dict[str, Any]:
+    (console,) = console_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert isinstance(console, dict)
+    return console
+
+
+def console_env(docs: list[Manifest]) -> dict[str, dict[str, Any]]:
+    return {var["name"]: var for var in console_container(docs)["env"]}
+
+
+def mounted_files(docs: list[Manifest]) -> dict[str, tuple[str, str, str]]:
+    """The credentials volume: file path -> (secret or configMap, its name, the key)."""
+    spec = console_deployment(docs)["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in console_container(docs)["volumeMounts"]}
+    files: dict[str, tuple[str, str, str]] = {}
+    for volume in spec["volumes"]:
+        if "projected" not in volume:
+            continue
+        mount = mounts[volume["name"]]
+        assert mount["readOnly"] is True and mount["mountPath"] == CONSOLE_DIR
+        assert volume["projected"]["defaultMode"] == 0o440
+        for source in volume["projected"]["sources"]:
+            ((kind, ref),) = source.items()
+            for item in ref["items"]:
+                files[f"{CONSOLE_DIR}/{item['path']}"] = (kind, ref["name"], item["key"])
+    return files
+
+
+def with_mounted_files(docs: list[Manifest], where: Path) -> dict[str, str]:
+    """The console container's environment as the console sees it, with the projected volume's
+    files in ``where`` (dummy contents: a password, a fake key, a CA) instead of the mount."""
+    for path, (_, _, key) in mounted_files(docs).items():
+        name = path.removeprefix(CONSOLE_DIR + "/")
+        (where / name).write_text(FAKE_KEY if name.endswith(".key") else f"dummy {key}\n")
+    env: dict[str, str] = {}
+    for name, var in console_env(docs).items():
+        assert set(var) == {"name", "value"}, var  # literals and mounted files only
+        env[name] = var["value"].replace(CONSOLE_DIR, str(where))
+    return env
+
+
+RENDERED_CONSOLE = render({"console": CONSOLE})
+RENDERED_CONSOLE_FULL = render({"console": CONSOLE_FULL})
+
+
+def test_the_console_is_off_by_default() -> None:
+    for docs in RENDERED.values():
+        assert console_docs(docs) == []
+        assert {doc["kind"] for doc in docs} <= {
+            "ServiceAccount",
+            "Deployment",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        }
+    assert values()["console"]["enabled"] is False
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("case", ["least", "everything"])
+def test_the_console_renders_valid_objects(case: str, version: str) -> None:
+    docs = RENDERED_CONSOLE if case == "least" else RENDERED_CONSOLE_FULL
+    kinds = sorted(doc["kind"] for doc in console_docs(docs))
+    assert kinds == (
+        ["Deployment", "Service"] if case == "least" else ["Deployment", "Ingress", "Service"]
+    )
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+    # The operator is rendered as without the console.
+    assert [doc for doc in docs if doc not in console_docs(docs)] == RENDERED["cluster-wide"]
+
+
+def test_the_console_is_one_pod_selected_apart_from_the_operator() -> None:
+    docs = RENDERED_CONSOLE
+    deployment = console_deployment(docs)
+    assert deployment["metadata"]["name"] == f"{RELEASE}-console"
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    # Sessions live in memory: one pod, never two at once.
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "replicas" not in values()["console"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = one(console_docs(docs), "Service")
+    assert service["metadata"]["name"] == f"{RELEASE}-console"
+    for selector in (deployment["spec"]["selector"]["matchLabels"], service["spec"]["selector"]):
+        assert selector.items() <= labels.items()
+    operator = operator_deployment(docs)
+    assert not operator["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    operator_labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= operator_labels.items()
+    console = console_container(docs)
+    assert console["image"] == "kafscale:0.1.0"  # the broker image
+    assert console["args"] == ["console"]
+    named = render({"console": CONSOLE, "fullnameOverride": "ks"})
+    assert {doc["metadata"]["name"] for doc in console_docs(named)} == {"ks-console"}
+
+
+def test_the_consoles_settings_come_from_the_values(tmp_path: Path) -> None:
+    env = with_mounted_files(RENDERED_CONSOLE, tmp_path)
+    known = {s.env for s in console_settings.SETTINGS}
+    known |= {f"{s.env}_FILE" for s in console_settings.SETTINGS if s.secret}
+    assert set(env) <= known | {"KAFSCALE_LOG_LEVEL"}
+    loaded = console_settings.load(env)  # the console's own parser takes every value
+    assert loaded.bootstrap == CONSOLE["bootstrap"]
+    assert (loaded.auth, loaded.ui_username, loaded.ui_password) == (
+        "basic",
+        "admin",
+        "dummy password",
+    )
+    assert loaded.port == 8088 and loaded.host == "0.0.0.0"
+    assert (loaded.security_protocol, loaded.metadata, loaded.metrics_urls) == (
+        "PLAINTEXT",
+        False,
+        (),
+    )
+    assert loaded.secure_cookies is False
+    SETTINGS_BY_FIELD["log_level"].parse(env["KAFSCALE_LOG_LEVEL"])
+    # The chart's defaults are the console's.
+    defaults = {s.env: s.default for s in console_settings.SETTINGS}
+    for name in ("KAFSCALE_CONSOLE_SECURITY_PROTOCOL", "KAFSCALE_CONSOLE_SASL_MECHANISM"):
+        assert env[name] == defaults[name], name
+    assert mounted_files(RENDERED_CONSOLE) == {
+        f"{CONSOLE_DIR}/ui-password": ("secret", "kafscale-console", "password")
+    }
+
+
+def test_every_console_option_reaches_its_setting(tmp_path: Path) -> None:
+    docs = RENDERED_CONSOLE_FULL
+    env = with_mounted_files(docs, tmp_path)
+    loaded = console_settings.load(env)
+    assert (loaded.security_protocol, loaded.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-256")
+    assert (loaded.sasl_username, loaded.sasl_password) == ("console", "dummy pw")
+    assert loaded.ui_password == "dummy ui"
+    assert loaded.ssl_ca_file == str(tmp_path / "kafka-ca.crt")
+    assert loaded.metrics_urls == tuple(CONSOLE_FULL["metricsUrls"])  # type: ignore[arg-type]
+    assert loaded.metadata is True
+    assert loaded.secure_cookies is True  # the Ingress has TLS
+    assert loaded.session_idle == 600  # extraEnv, after the chart's own
+    # The metadata store: read with the brokers' own settings.
+    store = broker_config.load(env)
+    assert store.etcd_endpoints == ("https://etcd-0.etcd:2379", "etcd-1.etcd:2379")
+    assert store.s3_namespace == "kafka-events"
+    assert store.etcd_ca_file == str(tmp_path / "etcd-ca.crt")
+    assert store.etcd_cert_file == str(tmp_path / "etcd-client.crt")
+    assert store.etcd_key == FAKE_KEY.strip()
+    assert (store.etcd_username, store.etcd_password) == ("kafscale", "dummy password")
+    unknown = broker_config.unknown_variables(env)
+    assert all(
+        name.startswith("KAFSCALE_CONSOLE_")
+        or name == "KAFSCALE_UI_USERNAME"
+        or name == "KAFSCALE_UI_PASSWORD_FILE"
+        for name in unknown
+    ), unknown
+    assert mounted_files(docs) == {
+        f"{CONSOLE_DIR}/ui-password": ("secret", "kafscale-console", "ui"),
+        f"{CONSOLE_DIR}/sasl-password": ("secret", "console-scram", "pw"),
+        f"{CONSOLE_DIR}/kafka-ca.crt": ("secret", "events-tls", "ca.pem"),
+        f"{CONSOLE_DIR}/etcd-ca.crt": ("secret", "etcd-client-tls", "ca.crt"),
+        f"{CONSOLE_DIR}/etcd-client.crt": ("secret", "etcd-client-tls", "tls.crt"),
+        f"{CONSOLE_DIR}/etcd-client.key": ("secret", "etcd-client-tls", "tls.key"),
+        f"{CONSOLE_DIR}/etcd-password": ("secret", "etcd-auth", "password"),
+    }
+    pod = console_deployment(docs)["spec"]["template"]
+    console = console_container(docs)
+    assert console["image"] == "registry.example.com/kafscale:0.2.0"
+    assert console["imagePullPolicy"] == "Always"
+    assert console["resources"] == {
+        "requests": {"cpu": "50m", "memory": "256Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "data"}
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+    assert pod["spec"]["affinity"] == {"podAntiAffinity": {}}
+    service = one(console_docs(docs), "Service")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 443, "targetPort": "http"}]
+    assert service["metadata"]["annotations"] == {"example.com/lb": "internal"}
+
+
+def test_the_sasl_login_mode_with_a_ca_from_a_configmap(tmp_path: Path) -> None:
+    docs = render(
+        {
+            "console": {
+                "enabled": True,
+                "bootstrap": "events-bootstrap.kafka.svc:9094",
+                "auth": "sasl",
+                "kafka": {"securityProtocol": "SASL_SSL", "ca": {"configMapName": "kafka-ca"}},
+            }
+        }
+    )
+    env = with_mounted_files(docs, tmp_path)
+    assert not {"KAFSCALE_UI_USERNAME", "KAFSCALE_UI_PASSWORD_FILE"} & set(env)
+    assert "KAFSCALE_CONSOLE_SASL_PASSWORD_FILE" not in env  # each user logs in as themselves
+    loaded = console_settings.load(env)
+    assert loaded.auth == "sasl" and loaded.ssl_ca_file == str(tmp_path / "kafka-ca.crt")
+    assert mounted_files(docs) == {
+        f"{CONSOLE_DIR}/kafka-ca.crt": ("configMap", "kafka-ca", "ca.crt")
+    }
+
+
+@pytest.mark.parametrize(
+    "docs", [RENDERED_CONSOLE, RENDERED_CONSOLE_FULL], ids=["least", "everything"]
+)
+def test_no_console_credential_is_a_plain_value(docs: list[Manifest]) -> None:
+    secret_settings = {s.env for s in console_settings.SETTINGS if s.secret}
+    secret_settings |= {s.env for s in SETTINGS_BY_FIELD.values() if s.secret}
+    env = console_env(docs)
+    assert not secret_settings & set(env)
+    files = mounted_files(docs)
+    for name, var in env.items():
+        assert set(var) == {"name", "value"}, var
+        if var["value"].startswith(CONSOLE_DIR + "/"):
+            assert name.endswith("_FILE") and var["value"] in files, name
+        if name.removesuffix("_FILE") in secret_settings:  # a password or a key: a Secret's
+            assert files[var["value"]][0] == "secret", name
+        elif "PASSWORD" in name:
+            pytest.fail(f"{name} is not a secret setting's _FILE")
+    # Nothing in the chart can take a password: the schema refuses one.
+    result = helm("template", RELEASE, str(CHART), "--set", "console.password=hunter2", check=False)
+    assert result.returncode != 0 and "'password' not allowed" in result.stderr, result.stderr
+
+
+def test_the_console_pod_is_restricted_with_a_writable_tmp_only() -> None:
+    spec = console_deployment(RENDERED_CONSOLE_FULL)["spec"]["template"]["spec"]
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    console = console_container(RENDERED_CONSOLE_FULL)
+    context = console["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert spec["automountServiceAccountToken"] is False  # it never calls the Kubernetes API
+    # Its own Service, <release>-console, would inject KAFSCALE_CONSOLE_PORT=tcp://...
+    assert spec["enableServiceLinks"] is False
+    writable = {m["mountPath"] for m in console["volumeMounts"] if not m.get("readOnly")}
+    # The Kafka client copies the CA into a temporary file (librdkafka reads a CA from a file).
+    assert writable == {tempfile.gettempdir()}
+    (tmp,) = [v for v in spec["volumes"] if v["name"] == "tmp"]
+    assert "emptyDir" in tmp
+
+
+def test_the_console_probes_ask_a_path_the_console_serves(tmp_path: Path) -> None:
+    console = console_container(RENDERED_CONSOLE)
+    ports = {port["name"]: port["containerPort"] for port in console["ports"]}
+    for probe in (console["livenessProbe"], console["readinessProbe"]):
+        assert probe["httpGet"]["path"] == "/healthz"
+        assert ports[probe["httpGet"]["port"]] == 8088
+    env = with_mounted_files(RENDERED_CONSOLE, tmp_path)
+    assert int(env["KAFSCALE_CONSOLE_PORT"]) == ports["http"]
+    service = one(console_docs(RENDERED_CONSOLE), "Service")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8088, "targetPort": "http"}]
+    # The real application, built from the rendered settings, answers the probe without a login.
+    state = build_console(console_settings.load(env), env)
+
+    async def healthz() -> int:
+        async with test_utils.TestClient(test_utils.TestServer(create_app(state))) as client:
+            reply = await client.get("/healthz", allow_redirects=False)
+            return reply.status
+
+    assert asyncio.run(healthz()) == 200
+
+
+def test_the_console_ingress_is_optional() -> None:
+    assert "Ingress" not in {doc["kind"] for doc in RENDERED_CONSOLE}
+    ingress = one(console_docs(RENDERED_CONSOLE_FULL), "Ingress")
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [
+        {"hosts": ["console.example.com"], "secretName": "console-tls"}
+    ]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "console.example.com"
+    (path,) = rule["http"]["paths"]
+    assert path["backend"]["service"] == {"name": f"{RELEASE}-console", "port": {"name": "http"}}
+    assert ingress["metadata"]["annotations"] == {"example.com/rewrite": "no"}
+    # Plain HTTP through an Ingress: cookies are Secure only when asked for.
+    plain = {"enabled": True, "host": "console.example.com"}
+    for secure in (False, True):
+        docs = render({"console": {**CONSOLE, "ingress": plain, "secureCookies": secure}})
+        assert "tls" not in one(console_docs(docs), "Ingress")["spec"]
+        cookie = console_env(docs)["KAFSCALE_CONSOLE_SECURE_COOKIES"]["value"]
+        assert cookie == str(secure).lower()
+
+
+@pytest.mark.parametrize(
+    ("console", "message"),
+    [
+        (
+            {"auth": "ldap"},
+            "at '/console/auth': value must be one of 'basic', 'sasl'",
+        ),
+        ({"kafka": {"securityProtocol": "TLS"}}, "/console/kafka/securityProtocol"),
+        ({"bootstrap": "no-port"}, "/console/bootstrap"),
+        ({"metricsUrls": ["ftp://b:9093/metrics"]}, "/console/metricsUrls/0"),
+        ({"existingSecret": "Not_A_Name"}, "/console/existingSecret"),
+        ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+        ({"bootstrap": ""}, "console.bootstrap: name the brokers' host:port"),
+        ({"existingSecret": ""}, "console.existingSecret: auth basic needs a Secret"),
+        ({"username": ""}, "console.username: auth basic needs"),
+        ({"auth": "sasl"}, "console.auth sasl needs console.kafka.securityProtocol SASL_SSL"),
+        (
+            {"kafka": {"securityProtocol": "SASL_PLAINTEXT"}},
+            "console.kafka.saslUsername: securityProtocol SASL_PLAINTEXT needs",
+        ),
+        (
+            {"kafka": {"ca": {"secretName": "a", "configMapName": "b"}}},
+            "give secretName or configMapName, not both",
+        ),
+        ({"metadata": {"enabled": True}}, "console.metadata.etcdEndpoints"),
+        (
+            {"metadata": {"enabled": True, "etcdEndpoints": ["etcd:2379"]}},
+            "console.metadata.namespace",
+        ),
+        ({"ingress": {"enabled": True}}, "console.ingress.host"),
+    ],
+)
+def test_bad_console_values_are_refused_with_a_message(
+    console: dict[str, Any], message: str
+) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        json.dump({"console": {**CONSOLE, **console}}, file)
+        file.flush()
+        result = helm("template", RELEASE, str(CHART), "-f", file.name, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def test_the_console_runs_from_the_broker_image() -> None:
+    *_, broker = stages()
+    image = dict(broker)
+    assert json.loads(image["ENTRYPOINT"]) == ["kafscale"]  # the chart's args: ["console"]
+    assert '"kafscale[console]"' in image["RUN"]
+    assert image["USER"] == str(values()["console"]["podSecurityContext"]["runAsUser"])
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[ ]", req)[0] for req in extra["optional-dependencies"]["console"]}
+    assert names == {"aiohttp", "jinja2", "confluent-kafka"}
+
+
+def test_helm_lint_strict_passes_with_the_console() -> None:
+    # (NOTES.txt needs a cluster to render: tests/integration/test_k8s_dry_run.py reads it.)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        json.dump({"console": CONSOLE_FULL}, file)
+        file.flush()
+        result = helm("lint", "--strict", str(CHART), "-f", file.name)
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("doc", ["charts/kafscale/README.md", "docs/kubernetes.md"])
+def test_the_documented_console_values_work(doc: str, tmp_path: Path) -> None:
+    """The console-values.yaml the docs show renders, and the console takes its settings."""
+    (block,) = re.findall(
+        r"```yaml\n(# console-values\.yaml.*?)```", (ROOT / doc).read_text(), re.S
+    )
+    docs = render(yaml.safe_load(block))
+    env = with_mounted_files(docs, tmp_path)
+    loaded = console_settings.load(env)
+    assert loaded.metadata and loaded.metrics_urls == ("http://{host}:9093/metrics",)
+    assert broker_config.load(env).s3_namespace == "kafka-events"
+    secret = mounted_files(docs)[f"{CONSOLE_DIR}/ui-password"][1]
+    assert f"create secret generic {secret}" in (ROOT / doc).read_text()

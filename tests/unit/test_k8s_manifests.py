@@ -1,9 +1,11 @@
-"""k8s/*.yaml against Kubernetes' API schemas and against the broker they run.
+"""k8s/*.yaml against Kubernetes' API schemas and against the broker (and console) they run.
 
 Offline: ``kubernetes_validate`` carries the JSON schemas of Kubernetes' API, checked strictly
 (an unknown or misspelt field is an error). The other tests check what no schema sees: names and
 selectors between the objects, the settings, ports and health paths the broker really has, the
-hand-over on stop, and the sizes the broker's memory budgets need.
+hand-over on stop, and the sizes the broker's memory budgets need; for k8s/console.yaml, that the
+console's own settings loader takes its environment (with the Secret's file and the brokers'
+ConfigMap in place) and that it reaches the brokers of k8s/broker.yaml.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import yaml
 
 from kafscale import cli, config
+from kafscale.console import settings as console_settings
 from kafscale.ipc.shm_names import SHM_DIR
 from kafscale.settings import SETTINGS, SETTINGS_BY_FIELD, parse_size
 from kafscale.supervisor import arbiter, broker, health
@@ -32,14 +35,16 @@ KUBERNETES_VERSIONS = ("1.28", kubernetes_validate.latest_version())
 Manifest = dict[str, Any]
 
 
-def load() -> list[Manifest]:
-    documents: list[Manifest] = []
-    for path in sorted(K8S.glob("*.yaml")):
-        documents.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
-    return documents
+def load() -> dict[str, list[Manifest]]:
+    """Every k8s/*.yaml: file name -> its documents."""
+    return {
+        path.name: [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for path in sorted(K8S.glob("*.yaml"))
+    }
 
 
-DOCUMENTS = load()
+FILES = load()
+DOCUMENTS = [doc for docs in FILES.values() for doc in docs]
 
 
 def one(kind: str, name: str | None = None) -> Manifest:
@@ -57,6 +62,8 @@ CONFIGMAP = one("ConfigMap")
 POD = STATEFULSET["spec"]["template"]
 (BROKER,) = POD["spec"]["containers"]
 ENV = {var["name"]: var for var in BROKER["env"]}
+# The brokers' Services (k8s/console.yaml has one of its own).
+BROKER_SERVICES = [doc for doc in FILES["broker.yaml"] if doc["kind"] == "Service"]
 
 
 def setting_value(field: str) -> str:
@@ -115,7 +122,7 @@ def test_selectors_select_the_brokers_pods() -> None:
     selectors = [
         STATEFULSET["spec"]["selector"]["matchLabels"],
         one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
-        *(doc["spec"]["selector"] for doc in DOCUMENTS if doc["kind"] == "Service"),
+        *(service["spec"]["selector"] for service in BROKER_SERVICES),
         *(c["labelSelector"]["matchLabels"] for c in POD["spec"]["topologySpreadConstraints"]),
     ]
     for selector in selectors:
@@ -129,7 +136,7 @@ def test_ports_are_the_brokers() -> None:
         "metrics": int(setting_value("metrics_port")),
     }
     assert POD["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
-    for service in (doc for doc in DOCUMENTS if doc["kind"] == "Service"):
+    for service in BROKER_SERVICES:
         for port in service["spec"]["ports"]:
             assert ports[port["targetPort"]] == port["port"], (service["metadata"]["name"], port)
 
@@ -254,3 +261,121 @@ def test_memory_holds_the_brokers_budgets() -> None:
 
 def test_the_disruption_budget_takes_one_broker_at_a_time() -> None:
     assert one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+# --- k8s/console.yaml: the web console of these brokers -------------------------------------------
+
+CONSOLE_DOCS = FILES["console.yaml"]
+(CONSOLE_DEPLOYMENT,) = [doc for doc in CONSOLE_DOCS if doc["kind"] == "Deployment"]
+(CONSOLE_SERVICE,) = [doc for doc in CONSOLE_DOCS if doc["kind"] == "Service"]
+CONSOLE_POD = CONSOLE_DEPLOYMENT["spec"]["template"]
+(CONSOLE,) = CONSOLE_POD["spec"]["containers"]
+CONSOLE_ENV = {var["name"]: var for var in CONSOLE["env"]}
+
+
+def console_secret_files() -> dict[str, tuple[str, str]]:
+    """Files of the console's Secret volumes: path -> (Secret name, key)."""
+    mounts = {m["name"]: m for m in CONSOLE["volumeMounts"]}
+    files = {}
+    for volume in CONSOLE_POD["spec"]["volumes"]:
+        if "secret" in volume:
+            mount = mounts[volume["name"]]
+            assert mount["readOnly"] is True
+            assert volume["secret"]["defaultMode"] == 0o440
+            for item in volume["secret"]["items"]:
+                path = f"{mount['mountPath']}/{item['path']}"
+                files[path] = (volume["secret"]["secretName"], item["key"])
+    return files
+
+
+def console_environment(where: Path) -> dict[str, str]:
+    """The console's environment as it sees it: the brokers' ConfigMap's values in place of its
+    references, the Secret's files (a dummy password) in ``where``."""
+    env = {}
+    for name, var in CONSOLE_ENV.items():
+        if "valueFrom" in var:
+            ref = var["valueFrom"]["configMapKeyRef"]
+            assert ref["name"] == CONFIGMAP["metadata"]["name"]  # the brokers' own settings
+            env[name] = CONFIGMAP["data"][ref["key"]]
+        else:
+            env[name] = var["value"]
+    for path, (secret, key) in console_secret_files().items():
+        local = where / Path(path).name
+        local.write_text(f"dummy {secret} {key}\n")
+        env = {name: value.replace(path, str(local)) for name, value in env.items()}
+    return env
+
+
+def test_the_console_is_one_pod_behind_its_service() -> None:
+    labels = CONSOLE_POD["metadata"]["labels"]
+    for selector in (
+        CONSOLE_DEPLOYMENT["spec"]["selector"]["matchLabels"],
+        CONSOLE_SERVICE["spec"]["selector"],
+    ):
+        assert selector and selector.items() <= labels.items()
+        # ... and never a broker's, nor does a broker's selector take the console.
+        assert not selector.items() <= POD["metadata"]["labels"].items()
+    for service in BROKER_SERVICES:
+        assert not service["spec"]["selector"].items() <= labels.items()
+    # Sessions live in memory: one pod, never two at once.
+    assert CONSOLE_DEPLOYMENT["spec"]["replicas"] == 1
+    assert CONSOLE_DEPLOYMENT["spec"]["strategy"] == {"type": "Recreate"}
+    assert CONSOLE["args"] == ["console"] and CONSOLE["image"] == BROKER["image"]
+
+
+def test_the_console_reads_its_settings(tmp_path: Path) -> None:
+    env = console_environment(tmp_path)
+    known = {s.env for s in console_settings.SETTINGS}
+    known |= {f"{s.env}_FILE" for s in console_settings.SETTINGS if s.secret}
+    broker_side = set(env) - known - {"KAFSCALE_LOG_LEVEL"}
+    assert broker_side == {"KAFSCALE_ETCD_ENDPOINTS", "KAFSCALE_S3_NAMESPACE"}
+    loaded = console_settings.load(env)  # the console's own parser
+    assert loaded.ui_username == "admin" and loaded.ui_password == "dummy kafscale-console password"
+    assert loaded.metadata is True
+    # The brokers of broker.yaml: their bootstrap Service, their metrics port, their store.
+    host, port = loaded.bootstrap.split(":")
+    assert host == BOOTSTRAP["metadata"]["name"]
+    assert int(port) in [p["port"] for p in BOOTSTRAP["spec"]["ports"]]
+    (metrics,) = loaded.metrics_urls
+    assert metrics == f"http://{{host}}:{setting_value('metrics_port')}/metrics"
+    store = config.load(env)
+    assert store.etcd_endpoints == config.load(CONFIGMAP["data"]).etcd_endpoints
+    assert store.s3_namespace == setting_value("s3_namespace")
+    SETTINGS_BY_FIELD["log_level"].parse(env["KAFSCALE_LOG_LEVEL"])
+
+
+def test_the_consoles_password_is_a_file_of_the_secret_the_header_creates() -> None:
+    secrets = {s.env for s in console_settings.SETTINGS if s.secret}
+    assert not secrets & set(CONSOLE_ENV)
+    files = console_secret_files()
+    path = CONSOLE_ENV["KAFSCALE_UI_PASSWORD_FILE"]["value"]
+    secret, key = files[path]
+    header = (K8S / "console.yaml").read_text().partition("\napiVersion:")[0]
+    assert f"kubectl create secret generic {secret}" in header
+    assert f"--from-literal={key}=" in header
+    assert not [doc for doc in CONSOLE_DOCS if doc["kind"] == "Secret"]  # never a password here
+
+
+def test_the_console_probes_its_http_port() -> None:
+    ports = {port["name"]: port["containerPort"] for port in CONSOLE["ports"]}
+    assert ports == {"http": int(CONSOLE_ENV["KAFSCALE_CONSOLE_PORT"]["value"])}
+    for probe in (CONSOLE["livenessProbe"], CONSOLE["readinessProbe"]):
+        assert probe["httpGet"] == {"path": "/healthz", "port": "http"}
+    (port,) = CONSOLE_SERVICE["spec"]["ports"]
+    assert ports[port["targetPort"]] == port["port"]
+
+
+def test_the_console_runs_unprivileged_on_a_read_only_root() -> None:
+    pod = CONSOLE_POD["spec"]["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = CONSOLE["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["capabilities"]["drop"] == ["ALL"]
+    assert container["readOnlyRootFilesystem"] is True
+    assert CONSOLE_POD["spec"]["automountServiceAccountToken"] is False
+    # Its Service, kafscale-console, injects KAFSCALE_CONSOLE_PORT=tcp://... where links are on.
+    assert CONSOLE_POD["spec"]["enableServiceLinks"] is False
+    # What it writes: a temporary copy of a CA, when it has one.
+    writable = {m["mountPath"] for m in CONSOLE["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {tempfile.gettempdir()}

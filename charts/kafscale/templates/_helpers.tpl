@@ -35,9 +35,39 @@ app.kubernetes.io/component: operator
 
 {{- define "kafscale.labels" -}}
 {{ include "kafscale.selectorLabels" . }}
+{{ include "kafscale.commonLabels" . }}
+{{- end -}}
+
+{{/* Labels of every object that select nothing. */}}
+{{- define "kafscale.commonLabels" -}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/*
+The console (console.enabled): <release>-console (or <fullnameOverride>-console), its pod
+selected by component console, so the operator's selector never matches it.
+*/}}
+{{- define "kafscale.consoleFullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- printf "%s-console" (.Values.fullnameOverride | trunc 55 | trimSuffix "-") -}}
+{{- else -}}
+{{- $name := include "kafscale.name" . -}}
+{{- $base := ternary .Release.Name (printf "%s-%s" .Release.Name $name) (contains $name .Release.Name) -}}
+{{- printf "%s-console" ($base | trunc 49 | trimSuffix "-") -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kafscale.consoleSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "kafscale.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: console
+{{- end -}}
+
+{{- define "kafscale.consoleLabels" -}}
+{{ include "kafscale.consoleSelectorLabels" . }}
+{{ include "kafscale.commonLabels" . }}
 {{- end -}}
 
 {{- define "kafscale.image" -}}
