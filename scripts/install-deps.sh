@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything KafScale's test suite needs, from the package registries only:
-#   apt     etcd-server, etcd-client, kcat (and a JDK + Maven if missing)
+#   apt     etcd-server, etcd-client, kcat, chromium with fonts-liberation and fonts-dejavu-core
+#           (the browser of the console's tests: Playwright drives it and downloads none), and
+#           a JDK + Maven if missing
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
 #   python  .venv with `pip install -e '.[test,spark,operator,console]'` (step `broker`:
 #           `pip install -e .`, the broker alone, for scripts/serve.sh)
@@ -23,7 +25,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
 LOGS="$TOOLS/logs"
 
-APT_PACKAGES=(etcd-server etcd-client kcat)
+# chromium: the console's browser tests (tests/harness/browser.py). With no recommends it comes
+# without fonts beyond fontconfig's default: Liberation (metric-compatible with Arial, Times and
+# Courier, which pages' font stacks name) and DejaVu render the console and its screenshots.
+APT_PACKAGES=(etcd-server etcd-client kcat chromium fonts-liberation fonts-dejavu-core)
 
 # The exact module version `go install github.com/minio/minio@latest` resolved when this was
 # pinned (built with go1.26.8). Bump deliberately: the build takes ~5 minutes on 2 cores cold.

@@ -7,6 +7,8 @@ Kubernetes API server and garbage collector, no nodes), `java_probe`,
 checks at teardown that SIGTERM stopped all of them, and `group_consumers`, a factory of
 consumer-group members (any client) whose leftovers are killed at teardown, and `java_load`, a
 factory of Java producers as a load for the fault tests.
+The browser fixtures, `chromium` (session) and `browser_page` (function), are the plugin
+tests/harness/browser.py.
 Nothing is skipped when a tool is missing: the fixture fails and says to run
 scripts/install-deps.sh.
 """
@@ -30,6 +32,8 @@ from tests.harness.minio import MinioServer
 from tests.harness.procs import HarnessError
 
 T = TypeVar("T")
+
+pytest_plugins = ("tests.harness.browser",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
