@@ -24,6 +24,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     NewPartitions,
     NewTopic,
     OffsetSpec,
@@ -146,6 +147,16 @@ def _message(record: Any) -> Message:
     )
 
 
+def _source(value: Any) -> str:
+    """A config entry's source by name (confluent-kafka gives its number)."""
+    if isinstance(value, int):
+        try:
+            return ConfigSource(value).name
+        except ValueError:
+            return str(value)
+    return str(getattr(value, "name", value))
+
+
 def _state(value: Any) -> str:
     return str(getattr(value, "name", value) or "UNKNOWN")
 
@@ -241,7 +252,7 @@ class KafkaAccess:
                 key: Config(
                     key,
                     None if entry.value is None else str(entry.value),
-                    _state(entry.source),
+                    _source(entry.source),
                     bool(entry.is_default),
                     bool(entry.is_read_only),
                     bool(entry.is_sensitive),

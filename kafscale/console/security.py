@@ -55,8 +55,31 @@ class Acl:
     permission: str
 
 
+def may_describe_cluster(access: KafkaAccess) -> bool:
+    """Whether this identity has Describe on the cluster (what DescribeUserScramCredentials
+    needs), as the brokers report its authorized operations."""
+    future = access.session.client.describe_cluster(
+        include_authorized_operations=True, request_timeout=access.timeout
+    )
+    cluster = access.session.wait(future, "describing the cluster")
+    allowed = set(cluster.authorized_operations or ())
+    return bool(allowed & {AclOperation.DESCRIBE, AclOperation.ALL})
+
+
 def users(access: KafkaAccess) -> dict[str, list[tuple[str, int]]]:
-    """user -> [(mechanism, iterations)]."""
+    """user -> [(mechanism, iterations)].
+
+    Asked only of an identity with Describe on the cluster: confluent-kafka (2.16.1) aborts the
+    whole process (``munmap_chunk(): invalid pointer``) when a DescribeUserScramCredentials
+    answer carries an error such as CLUSTER_AUTHORIZATION_FAILED, so the refusal is foreseen
+    here instead of asked for."""
+    if not may_describe_cluster(access):
+        raise AdminError(
+            "listing SCRAM users: CLUSTER_AUTHORIZATION_FAILED: this user may not describe the "
+            "cluster (an ACL allowing Describe on the cluster is needed)",
+            False,
+            "CLUSTER_AUTHORIZATION_FAILED",
+        )
     future = access.session.client.describe_user_scram_credentials(request_timeout=access.timeout)
     found = access.session.wait(future, "listing SCRAM users")
     return {
