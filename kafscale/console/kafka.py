@@ -151,7 +151,7 @@ def _source(value: Any) -> str:
     """A config entry's source by name (confluent-kafka gives its number)."""
     if isinstance(value, int):
         try:
-            return ConfigSource(value).name
+            return str(ConfigSource(value).name)
         except ValueError:
             return str(value)
     return str(getattr(value, "name", value))
