@@ -5,7 +5,8 @@
 #           a JDK + Maven if missing
 #   minio   MinIO built from the Go module proxy at a pinned version, into .tools/bin/minio
 #   python  .venv with `pip install -e '.[test,spark,operator,console]'` (step `broker`:
-#           `pip install -e .`, the broker alone, for scripts/serve.sh)
+#           `pip install -e .`, the broker alone, for scripts/serve.sh; step `console`:
+#           `pip install -e '.[console]'`, for scripts/console.sh)
 #   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
 #           tests/java/pom.xml)
 #   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
@@ -154,10 +155,20 @@ install_minio() {
 }
 
 # --- python --------------------------------------------------------------------------------
-# Two ways to fill .venv: `python` installs everything the tests need (the broker, the operator,
-# the console and the test and Spark extras); `broker` only the broker, for scripts/serve.sh (a newcomer's
-# first broker does not wait for pyspark). A venv with everything serves both.
+# Three ways to fill .venv: `python` installs everything the tests need (the broker, the
+# operator, the console and the test and Spark extras); `broker` only the broker, for
+# scripts/serve.sh (a newcomer's first broker does not wait for pyspark); `console` the broker
+# and the console's extra, for scripts/console.sh. A venv whose extras include the wanted ones
+# serves (the stamp records them).
 FULL_EXTRAS="test,spark,operator,console"
+
+covers() { # covers HAVE WANT: every extra of the comma list WANT is in the comma list HAVE
+    local want extra
+    IFS=, read -ra want <<<"$2"
+    for extra in "${want[@]}"; do
+        [[ ",$1," == *",$extra,"* ]] || return 1
+    done
+}
 
 install_python() { # install_python STEP EXTRAS
     local name=$1 extras=$2
@@ -175,8 +186,7 @@ install_python() { # install_python STEP EXTRAS
         { "$VENV/bin/python" -VV; sha256sum "$ROOT/pyproject.toml"; } | sha256sum | cut -d' ' -f1
     )"
     if [[ -f $stamp ]]; then read -r have_key have_extras <"$stamp" || true; fi
-    if [[ $have_key == "$key" && ($have_extras == "$extras" || $have_extras == "$FULL_EXTRAS") ]]
-    then
+    if [[ $have_key == "$key" ]] && covers "$have_extras" "$extras"; then
         say "$name" "$VENV up to date"
         return
     fi
@@ -250,11 +260,12 @@ for name in "${steps[@]}"; do
         apt | minio | java) "install_$name" ;;
         python) install_python python "$FULL_EXTRAS" ;;
         broker) install_python broker "" ;;
+        console) install_python console console ;;
         franz-go) install_franz_go ;;
         kafkajs) install_kafkajs ;;
         spark-kafka) install_spark_kafka ;;
         kube) install_kube ;;
-        *) die "$name" "unknown step (known: ${ALL_STEPS[*]} broker)" ;;
+        *) die "$name" "unknown step (known: ${ALL_STEPS[*]} broker console)" ;;
     esac
 done
 if [[ -n $kube_pid ]]; then

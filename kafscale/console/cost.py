@@ -5,8 +5,8 @@ The default prices are the spec's cost appendix's (S3 us-east-1, "Appendix A: S3
 Estimation"), the same numbers as bench/cost.py (bench/ is not part of the installed package,
 so they are repeated here): PUT and LIST $0.005 per 1,000 requests; GET, HEAD and any other
 operation $0.0004 per 1,000; DELETE free; storage $0.023 per GB-month. As in bench/cost.py, a
-month is 30 days and a GB is 10^9 bytes. `Prices` overrides any of them
-(``KAFSCALE_CONSOLE_PRICE_*``).
+month is 30 days and a GB is 10^9 bytes. `Prices` overrides any of them (the console uses the
+defaults; other regions' prices are not settings yet).
 """
 
 from __future__ import annotations

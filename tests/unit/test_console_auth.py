@@ -181,3 +181,11 @@ def test_metadata_auto_follows_the_brokers_settings() -> None:
         {**ENV, "KAFSCALE_DATA_DIR": "/d", "KAFSCALE_CONSOLE_METADATA": "off"}
     ).metadata
     assert console_settings.load({**ENV, "KAFSCALE_CONSOLE_METADATA": "on"}).metadata
+
+
+def test_every_console_setting_is_in_the_docs_table() -> None:
+    from tests.harness.paths import ROOT
+
+    table = (ROOT / "docs" / "console.md").read_text()
+    for setting in console_settings.SETTINGS:
+        assert f"| `{setting.env}` | " in table, setting.env
