@@ -65,7 +65,7 @@ def quoted(group_id: str) -> str:
 
 
 async def group_list(request: web.Request) -> web.StreamResponse:
-    listings = await call(request, kafka(request).groups)
+    listings = await call(kafka(request).groups)
     query = request.query.get("q", "").strip().lower()
     shown, number, pages = page_of([g for g in listings if query in g.group_id.lower()], request)
     metrics = console(request).metrics
@@ -86,7 +86,7 @@ async def group_list(request: web.Request) -> web.StreamResponse:
 async def group_detail(request: web.Request) -> web.StreamResponse:
     group_id = request.match_info["group"]
     try:
-        group: Group = await call(request, kafka(request).group, group_id)
+        group: Group = await call(kafka(request).group, group_id)
     except AdminError as exc:
         raise failed(request, exc, "/groups") from None
     metrics = console(request).metrics
@@ -117,7 +117,7 @@ async def group_reset(request: web.Request) -> web.StreamResponse:
     topic = str(form.get("topic", ""))
     access = kafka(request)
     try:
-        group = await call(request, access.group, group_id)
+        group = await call(access.group, group_id)
         if group.state.upper() not in EMPTY_STATES:
             flash(
                 request,
@@ -132,7 +132,7 @@ async def group_reset(request: web.Request) -> web.StreamResponse:
             moment = parse_moment(str(form.get("timestamp", "")))
             spec = OffsetSpec.for_timestamp(moment)
             partitions = [(o.topic, o.partition) for o in group.offsets]
-            by_time = await call(request, access.offsets, partitions, spec)
+            by_time = await call(access.offsets, partitions, spec)
         elif how == "offset":
             try:
                 offset = int(str(form.get("offset", "")))
@@ -142,7 +142,7 @@ async def group_reset(request: web.Request) -> web.StreamResponse:
         if not targets:
             flash(request, "error", "The group has no committed offsets to reset.")
             raise redirect(here)
-        await call(request, access.reset_offsets, group_id, targets)
+        await call(access.reset_offsets, group_id, targets)
     except AdminError as exc:
         raise failed(request, exc, here) from None
     flash(request, "ok", f"Offsets of {group_id} reset to {how} on {len(targets)} partition(s).")
@@ -152,7 +152,7 @@ async def group_reset(request: web.Request) -> web.StreamResponse:
 async def group_delete(request: web.Request) -> web.StreamResponse:
     group_id = request.match_info["group"]
     try:
-        await call(request, kafka(request).delete_group, group_id)
+        await call(kafka(request).delete_group, group_id)
     except AdminError as exc:
         raise failed(request, exc, f"/groups/{quoted(group_id)}") from None
     flash(request, "ok", f"Group {group_id} deleted.")

@@ -122,7 +122,7 @@ async def browse(request: web.Request) -> web.StreamResponse:
     query = request.query
     access = kafka(request)
     try:
-        topic = await call(request, access.topic, name)
+        topic = await call(access.topic, name)
     except AdminError as exc:
         raise failed(request, exc, "/topics") from None
     start = query.get("start", "end") if query.get("start") in STARTS else "end"
@@ -137,13 +137,12 @@ async def browse(request: web.Request) -> web.StreamResponse:
         partitions = [wanted]
     key, contains = query.get("key", ""), query.get("contains", "")
     match = matcher(key, contains)
-    marks = await call(request, access.watermarks, [(name, p) for p in partitions])
+    marks = await call(access.watermarks, [(name, p) for p in partitions])
     by_partition = {p: marks[(name, p)] for p in partitions}
     by_time: dict[int, int] = {}
     if start == "timestamp":
         moment = parse_moment(query.get("timestamp", "") or "0")
         found = await call(
-            request,
             access.offsets,
             [(name, p) for p in partitions],
             OffsetSpec.for_timestamp(moment),
@@ -157,7 +156,7 @@ async def browse(request: web.Request) -> web.StreamResponse:
         by_time,
         filtered=match is not None,
     )
-    result = await call(request, access.browse, name, ranges, limit * len(ranges) or 1, match)
+    result = await call(access.browse, name, ranges, limit * len(ranges) or 1, match)
     records = list(result.messages)
     records = records[-limit:] if start == "end" else records[:limit]
     return render(
@@ -198,7 +197,6 @@ async def produce(request: web.Request) -> web.StreamResponse:
     partition = _int(partition_text, "partition", -1) if partition_text else None
     try:
         where = await call(
-            request,
             kafka(request).produce,
             name,
             key_text.encode() if key_text else None,

@@ -192,11 +192,11 @@ async def security_page(request: web.Request) -> web.StreamResponse:
     found_acls: list[Acl] | None = None
     errors = []
     try:
-        found_users = await call(request, users, access)
+        found_users = await call(users, access)
     except AdminError as exc:
         errors.append(str(exc))
     try:
-        found_acls = await call(request, acls, access)
+        found_acls = await call(acls, access)
     except AdminError as exc:
         errors.append(str(exc))
     principal = request.query.get("principal", "").strip()
@@ -228,7 +228,7 @@ async def user_set(request: web.Request) -> web.StreamResponse:
         raise redirect("/security")
     iterations = form_int(form, "iterations", MIN_ITERATIONS, low=MIN_ITERATIONS)
     try:
-        await call(request, set_password, kafka(request), user, mechanism, iterations, password)
+        await call(set_password, kafka(request), user, mechanism, iterations, password)
     except AdminError as exc:
         raise failed(request, exc, "/security") from None
     flash(request, "ok", f"{mechanism} credential of {user} stored.")
@@ -240,7 +240,7 @@ async def user_delete(request: web.Request) -> web.StreamResponse:
     user = str(form.get("user", ""))
     mechanisms = [m for m in form.getall("mechanism", []) if m in MECHANISMS]
     try:
-        await call(request, delete_user, kafka(request), user, mechanisms)
+        await call(delete_user, kafka(request), user, mechanisms)
     except AdminError as exc:
         raise failed(request, exc, "/security") from None
     flash(request, "ok", f"Credentials of {user} deleted.")
@@ -250,7 +250,7 @@ async def user_delete(request: web.Request) -> web.StreamResponse:
 async def acl_create(request: web.Request) -> web.StreamResponse:
     acl = _acl_from(await request.post())
     try:
-        await call(request, create_acl, kafka(request), acl)
+        await call(create_acl, kafka(request), acl)
     except AdminError as exc:
         raise failed(request, exc, "/security") from None
     flash(request, "ok", f"ACL created: {acl.permission} {acl.principal} {acl.operation}.")
@@ -260,7 +260,7 @@ async def acl_create(request: web.Request) -> web.StreamResponse:
 async def acl_delete(request: web.Request) -> web.StreamResponse:
     acl = _acl_from(await request.post())
     try:
-        await call(request, delete_acl, kafka(request), acl)
+        await call(delete_acl, kafka(request), acl)
     except AdminError as exc:
         raise failed(request, exc, "/security") from None
     flash(request, "ok", "ACL deleted.")

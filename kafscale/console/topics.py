@@ -69,7 +69,7 @@ def _parse_configs(text: str) -> dict[str, str]:
 
 async def topic_list(request: web.Request) -> web.StreamResponse:
     access = kafka(request)
-    cluster = await call(request, access.cluster)
+    cluster = await call(access.cluster)
     query = request.query.get("q", "").strip()
     internal = request.query.get("internal") == "1"
     names = sorted(
@@ -81,14 +81,14 @@ async def topic_list(request: web.Request) -> web.StreamResponse:
     storage = console(request).storage
     snapshot = storage.snapshot() if storage is not None else None
     try:
-        configs = await call(request, access.configs, shown)
+        configs = await call(access.configs, shown)
     except AdminError as exc:
         flash(request, "error", f"configs not shown: {exc}")
         configs = {}
     records: dict[str, int] = {}
     if snapshot is None:  # no storage summary: count from the offsets of the shown page
         partitions = [(n, p) for n in shown for p, _ in cluster.topics[n].partitions]
-        marks = await call(request, access.watermarks, partitions)
+        marks = await call(access.watermarks, partitions)
         for (name, _), (start, end) in marks.items():
             if start >= 0 and end >= 0:
                 records[name] = records.get(name, 0) + end - start
@@ -129,7 +129,7 @@ async def topic_create(request: web.Request) -> web.StreamResponse:
     partitions = form_int(form, "partitions", 1, low=1)
     configs = _parse_configs(str(form.get("configs", "")))
     try:
-        await call(request, kafka(request).create_topic, name, partitions, configs)
+        await call(kafka(request).create_topic, name, partitions, configs)
     except AdminError as exc:
         raise failed(request, exc, "/topics") from None
     flash(request, "ok", f"Topic {name} created with {partitions} partitions.")
@@ -140,12 +140,12 @@ async def topic_detail(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     access = kafka(request)
     try:
-        topic: TopicPartitions = await call(request, access.topic, name)
+        topic: TopicPartitions = await call(access.topic, name)
     except AdminError as exc:
         raise failed(request, exc, "/topics") from None
     partitions = [(name, p) for p, _ in topic.partitions]
-    marks = await call(request, access.watermarks, partitions)
-    configs = (await call(request, access.configs, [name])).get(name, {})
+    marks = await call(access.watermarks, partitions)
+    configs = (await call(access.configs, [name])).get(name, {})
     storage = console(request).storage
     stored = {}
     if storage is not None:
@@ -179,7 +179,7 @@ async def topic_configs(request: web.Request) -> web.StreamResponse:
         )
         raise redirect(here)
     try:
-        await call(request, kafka(request).alter_configs, name, set_, delete)
+        await call(kafka(request).alter_configs, name, set_, delete)
     except AdminError as exc:
         raise failed(request, exc, here) from None
     flash(request, "ok", f"Configs of {name} changed.")
@@ -192,7 +192,7 @@ async def topic_partitions(request: web.Request) -> web.StreamResponse:
     here = f"/topics/{quoted(name)}"
     total = form_int(form, "partitions", low=1)
     try:
-        await call(request, kafka(request).add_partitions, name, total)
+        await call(kafka(request).add_partitions, name, total)
     except AdminError as exc:
         raise failed(request, exc, here) from None
     flash(request, "ok", f"{name} now has {total} partitions.")
@@ -206,12 +206,12 @@ async def topic_delete(request: web.Request) -> web.StreamResponse:
         flash(request, "error", f"Type the topic's name ({name}) to delete it.")
         raise redirect(f"/topics/{quoted(name)}")
     try:
-        await call(request, kafka(request).delete_topic, name)
+        await call(kafka(request).delete_topic, name)
     except AdminError as exc:
         raise failed(request, exc, f"/topics/{quoted(name)}") from None
     storage = console(request).storage
     if storage is not None:
-        await call(request, storage.refresh)
+        await call(storage.refresh)
     flash(request, "ok", f"Topic {name} deleted.")
     raise redirect("/topics")
 

@@ -64,9 +64,9 @@ def kafka(request: web.Request) -> KafkaAccess:
     return access
 
 
-async def call(request: web.Request, function: Callable[..., T], *args: Any) -> T:
-    """Run a blocking Kafka call of this request's identity in a worker thread."""
-    del request  # the identity is already bound into ``function``
+async def call(function: Callable[..., T], *args: Any) -> T:
+    """Run a blocking Kafka call (a `KafkaAccess` method, bound to the request's identity) in
+    a worker thread."""
     return await asyncio.to_thread(function, *args)
 
 
