@@ -12,7 +12,7 @@ from aiohttp import web
 from confluent_kafka.admin import OffsetSpec
 
 from kafscale.console import charts
-from kafscale.console.kafka import Group, GroupOffset
+from kafscale.console.model import Group, GroupOffset
 from kafscale.console.web import (
     call,
     console,

@@ -16,7 +16,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
@@ -31,107 +30,22 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from kafscale.console.model import (
+    Broker,
+    Browse,
+    Cluster,
+    Config,
+    Group,
+    GroupListing,
+    GroupOffset,
+    Member,
+    Message,
+    TopicPartitions,
+)
 from kafscale.kafka_admin import AdminError, Connection, Session, broker_answered
 
 MAX_MESSAGES = 500  # per browse: what a page can show
 MAX_SCAN = 20_000  # records a filtered browse reads at most looking for matches
-
-
-@dataclass(frozen=True)
-class Broker:
-    node_id: int
-    host: str
-    port: int
-
-
-@dataclass(frozen=True)
-class TopicPartitions:
-    name: str
-    partitions: tuple[tuple[int, int], ...]  # (partition, leader id; -1: none)
-    internal: bool = False
-
-
-@dataclass(frozen=True)
-class Cluster:
-    cluster_id: str
-    controller: int
-    brokers: tuple[Broker, ...]
-    topics: dict[str, TopicPartitions]
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str
-    value: str | None
-    source: str  # DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG, ...
-    default: bool
-    read_only: bool
-    sensitive: bool
-
-
-@dataclass(frozen=True)
-class Member:
-    member_id: str
-    client_id: str
-    host: str
-    instance_id: str | None
-    assignment: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class GroupListing:
-    group_id: str
-    state: str
-    simple: bool
-
-
-@dataclass(frozen=True)
-class GroupOffset:
-    topic: str
-    partition: int
-    committed: int  # -1: none
-    end: int  # the high watermark; -1: not known
-    start: int  # the log start offset; -1: not known
-
-    @property
-    def lag(self) -> int | None:
-        if self.committed < 0 or self.end < 0:
-            return None
-        return max(0, self.end - self.committed)
-
-
-@dataclass(frozen=True)
-class Group:
-    group_id: str
-    state: str
-    protocol: str
-    simple: bool
-    coordinator: int
-    members: tuple[Member, ...]
-    offsets: tuple[GroupOffset, ...]
-
-    @property
-    def total_lag(self) -> int:
-        return sum(o.lag or 0 for o in self.offsets)
-
-
-@dataclass(frozen=True)
-class Message:
-    partition: int
-    offset: int
-    timestamp: int  # ms; -1: none
-    timestamp_type: str
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-
-
-@dataclass(frozen=True)
-class Browse:
-    messages: tuple[Message, ...]
-    scanned: int
-    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> [from, to)
-    truncated: bool = False  # stopped at the time limit before every range was read
 
 
 def _message(record: Any) -> Message:
@@ -172,6 +86,7 @@ class KafkaAccess:
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         self._ca_path: str | None = None
+        self._cluster: tuple[float, Cluster] | None = None  # (when read, what) of cluster()
 
     @property
     def timeout(self) -> float:
@@ -215,7 +130,17 @@ class KafkaAccess:
 
     # --- cluster and topics ----------------------------------------------------------------
 
-    def cluster(self, topic: str | None = None) -> Cluster:
+    def cluster(self, topic: str | None = None, max_age: float = 0.0) -> Cluster:
+        """The cluster's metadata (of every topic, or of ``topic`` only). With ``max_age``, a
+        whole-cluster answer read at most that many seconds ago is served again: one Metadata
+        request of 10,000 partitions costs a few hundred ms, and pages read it often. Changes
+        made through this access drop it."""
+        if topic is None and max_age > 0:
+            with self._lock:
+                cached = self._cluster
+            if cached is not None and time.monotonic() - cached[0] <= max_age:
+                return cached[1]
+        read_at = time.monotonic()
         try:
             found = self.session.client.list_topics(topic=topic, timeout=self.timeout)
         except Exception as exc:  # KafkaException: no broker answered in time
@@ -234,7 +159,15 @@ class KafkaAccess:
                 key=lambda b: b.node_id,
             )
         )
-        return Cluster(str(found.cluster_id), int(found.controller_id), brokers, topics)
+        answer = Cluster(str(found.cluster_id), int(found.controller_id), brokers, topics)
+        if topic is None:
+            with self._lock:
+                self._cluster = (read_at, answer)
+        return answer
+
+    def forget_cluster(self) -> None:
+        with self._lock:
+            self._cluster = None
 
     def topic(self, name: str) -> TopicPartitions:
         return self.cluster(name).topics[name]
@@ -264,16 +197,25 @@ class KafkaAccess:
     def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> None:
         new = NewTopic(name, partitions, config=configs)
         (future,) = self.session.client.create_topics([new], request_timeout=self.timeout).values()
-        self.session.wait(future, f"creating topic {name}")
+        try:
+            self.session.wait(future, f"creating topic {name}")
+        finally:
+            self.forget_cluster()
 
     def delete_topic(self, name: str) -> None:
         futures = self.session.client.delete_topics([name], request_timeout=self.timeout)
-        self.session.wait_all(futures.values(), f"deleting topic {name}")
+        try:
+            self.session.wait_all(futures.values(), f"deleting topic {name}")
+        finally:
+            self.forget_cluster()
 
     def add_partitions(self, name: str, total: int) -> None:
         grow = NewPartitions(name, total)
         futures = self.session.client.create_partitions([grow], request_timeout=self.timeout)
-        self.session.wait_all(futures.values(), f"adding partitions to topic {name}")
+        try:
+            self.session.wait_all(futures.values(), f"adding partitions to topic {name}")
+        finally:
+            self.forget_cluster()
 
     def alter_configs(self, name: str, set_: dict[str, str], delete: Iterable[str]) -> None:
         entries = [

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from confluent_kafka.admin import OffsetSpec
 
-from kafscale.console.kafka import MAX_MESSAGES, MAX_SCAN, Message
+from kafscale.console.kafka import MAX_MESSAGES, MAX_SCAN
+from kafscale.console.model import Message
 from kafscale.console.topics import quoted
 from kafscale.console.web import call, failed, flash, kafka, parse_moment, redirect, render
 from kafscale.kafka_admin import AdminError

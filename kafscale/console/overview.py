@@ -16,7 +16,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
     error = None
     cluster = None
     try:
-        cluster = await call(kafka(request).cluster)
+        cluster = await call(kafka(request).cluster, None, state.settings.sample_seconds)
     except AdminError as exc:
         error = str(exc)
     snapshot = state.storage.snapshot() if state.storage is not None else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from kafscale.console.kafka import Config, TopicPartitions
+from kafscale.console.model import Config, TopicPartitions
 from kafscale.console.storage import PartitionStorage, TopicStorage
 from kafscale.console.web import (
     call,
@@ -69,7 +69,7 @@ def _parse_configs(text: str) -> dict[str, str]:
 
 async def topic_list(request: web.Request) -> web.StreamResponse:
     access = kafka(request)
-    cluster = await call(access.cluster)
+    cluster = await call(access.cluster, None, console(request).settings.sample_seconds)
     query = request.query.get("q", "").strip()
     internal = request.query.get("internal") == "1"
     names = sorted(
