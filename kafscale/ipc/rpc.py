@@ -17,6 +17,7 @@ import os
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,6 +198,11 @@ class AsyncRpcClient:
     future and one timer. ZMQ_FD only signals that the socket's events *may* have changed
     (edge-triggered, and any send or receive can consume the signal), so replies are drained
     whenever it fires and after every send, until ZMQ_EVENTS has no POLLIN.
+
+    Requests leave in call order, also while the peer is away: a call made while earlier ones
+    wait for the peer to (re)connect waits behind them (``_send``). The frontend's produce
+    requests rely on it: a connection's batches must reach a partition's shard in the order the
+    client sent them, as Kafka appends them, a restarted shard included.
     """
 
     def __init__(self, context: zmq.asyncio.Context, address: str) -> None:
@@ -209,6 +215,10 @@ class AsyncRpcClient:
         self.socket.connect(address)
         self._ids = itertools.count(1)
         self._pending: dict[bytes, asyncio.Future[Reply]] = {}
+        # Sends waiting for the peer, in call order (the first one's turn is set), and the
+        # request ids of their calls: no peer has seen those yet.
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._unsent: set[bytes] = set()
         self._monitor: zmq.Socket[bytes] = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -238,21 +248,53 @@ class AsyncRpcClient:
                 future.exception()  # retrieved: a timeout that fired while the send still waited
 
     async def _send(self, frames: list[Any], timeout: float) -> None:
-        """Send without blocking the loop. IMMEDIATE: with no peer connected (yet, or any
-        more) nothing is queued, so a fresh or reconnecting socket gets `timeout` to
-        (re)establish the connection before the call fails."""
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
+        """Send without blocking the loop, in call order. IMMEDIATE: with no peer connected
+        (yet, or any more) nothing is queued, so a fresh or reconnecting socket gets `timeout` to
+        (re)establish the connection before the call fails.
+
+        While a send waits for the peer, every later one waits behind it, first come first
+        served, and only the first in line polls. Each polling on its own back-off, they reached
+        a peer that came back in whatever order their sleeps happened to end: a restarted shard
+        got a connection's produce batches out of order and answered OUT_OF_ORDER_SEQUENCE_NUMBER
+        for the later ones. A Java producer that gets that answer for the batch after the last
+        one it had acknowledged takes it for lost data: it bumps its epoch and sends every
+        batch it has not had acknowledged again, as new batches, so those the shard had stored
+        (committed, their acknowledgements lost with the old shard) were stored twice."""
+        if not self._waiting:
             try:
                 self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
-                break
             except zmq.Again:
-                if time.monotonic() + pause > deadline:
-                    raise PeerUnavailable(f"nothing listens on {self.peer}") from None
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.05)
-        self._drain()  # the send may have consumed the FD's signal of a reply waiting
+                pass
+            else:
+                self._drain()  # the send may have consumed the FD's signal of a reply waiting
+                return
+        deadline = time.monotonic() + timeout
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        self._unsent.add(frames[0])
+        if self._waiting[0] is turn:
+            turn.set_result(None)
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(turn), timeout)
+            except TimeoutError:
+                raise PeerUnavailable(f"nothing listens on {self.peer}") from None
+            pause = 0.001
+            while True:
+                try:
+                    self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    if time.monotonic() + pause > deadline:
+                        raise PeerUnavailable(f"nothing listens on {self.peer}") from None
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+        finally:  # sent, given up or cancelled: the next in line goes
+            self._unsent.discard(frames[0])
+            self._waiting.remove(turn)
+            if self._waiting and not self._waiting[0].done():
+                self._waiting[0].set_result(None)
+        self._drain()
 
     def _drain(self) -> None:
         while _int_option(self.socket, zmq.EVENTS) & POLLIN:
@@ -268,6 +310,8 @@ class AsyncRpcClient:
                 future.set_exception(RpcError(f"undecodable reply from {self.peer}: {exc}"))
 
     def _expire(self, request_id: bytes, timeout: float) -> None:
+        if request_id in self._unsent:
+            return  # its send gives up by itself: a call failed here could still be sent
         future = self._pending.get(request_id)
         if future is not None and not future.done():
             future.set_exception(RpcTimeout(f"no reply from {self.peer} within {timeout} s"))
@@ -275,16 +319,22 @@ class AsyncRpcClient:
     def _on_monitor(self) -> None:
         """A peer that goes away (a crashed process) will never answer what it was asked: fail
         those requests at once instead of at their timeouts (a parked fetch or JoinGroup may
-        have minutes left). Its successor gets the retries."""
+        have minutes left). Its successor gets the retries.
+
+        Only what it was asked and did not answer: the replies it sent before it went are
+        taken first, and a call still waiting to be sent (made after the peer went) is not
+        failed: it goes to the successor. Failing those reported a produce request lost that
+        the successor appended and answered (the producer then held a batch stored but not
+        acknowledged, which a later epoch bump sends again)."""
         disconnected = False
         while _int_option(self._monitor, zmq.EVENTS) & POLLIN:
             self._monitor.recv_multipart(flags=zmq.NOBLOCK)
             disconnected = True
-        if disconnected:
-            for future in list(self._pending.values()):
-                if not future.done():
-                    future.set_exception(PeerUnavailable(f"{self.peer} went away"))
         self._drain()
+        if disconnected:
+            for request_id, future in list(self._pending.items()):
+                if request_id not in self._unsent and not future.done():
+                    future.set_exception(PeerUnavailable(f"{self.peer} went away"))
 
     async def notify(self, message: Message) -> None:
         """Send a one-way notice (no reply expected); dropped if the peer is not connected."""

@@ -1,5 +1,6 @@
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -277,3 +278,138 @@ def test_async_client_reconnects_and_drops_late_replies(
 
     outcomes = _run_async_client(address, calls)
     assert outcomes[-1] == PONG, outcomes
+
+
+class LatePeer:
+    """A ROUTER that binds only when ``take`` is called, then takes ``count`` requests
+    (answering each with its own message) and returns their messages in the order they arrived.
+    Polls without blocking: the client's sends run on the same event loop."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+        self.context, self.address = context, address
+        self.socket: zmq.Socket[bytes] | None = None
+
+    async def take(self, count: int) -> list[str]:
+        self.socket = peer = self.context.socket(zmq.ROUTER)
+        peer.bind(self.address)
+        arrived: list[str] = []
+        for _ in range(3000):
+            while len(arrived) < count and peer.poll(0, zmq.POLLIN):
+                identity, request_id, body = peer.recv_multipart()
+                message = messages.decode(body)
+                assert isinstance(message, messages.ErrorReply)
+                arrived.append(message.message)
+                peer.send_multipart([identity, request_id, body])
+            if len(arrived) == count:
+                break
+            await asyncio.sleep(0.005)
+        return arrived
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close(linger=0)
+
+
+def test_async_client_calls_reach_a_returning_peer_in_call_order(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
+    """Calls made while the peer is away (a shard respawning) reach it, once it is back, in the
+    order they were made: a connection's produce requests must reach a partition's shard in
+    order. They are made 7 ms apart, 84 ms in all: sends each retrying on its own back-off (at
+    most 50 ms) would retry at points that wrap around that period, so whatever the moment the
+    peer comes back, some later call would get there before an earlier one."""
+    count = 12
+    peer = LatePeer(context, address)
+
+    async def calls(client: AsyncRpcClient) -> tuple[list[str], list[messages.Message]]:
+        made = []
+        for n in range(count):
+            message = messages.ErrorReply(message=f"request {n}")
+            made.append(asyncio.ensure_future(client.call(message, timeout=30)))
+            await asyncio.sleep(0.007)
+        await asyncio.sleep(0.3)  # every call is waiting for the peer, backing off
+        arrived = await peer.take(count)
+        replies = await asyncio.gather(*made)
+        return arrived, [reply.message for reply in replies]
+
+    try:
+        arrived, replies = _run_async_client(address, calls)
+    finally:
+        peer.close()
+    expected = [f"request {n}" for n in range(count)]
+    assert arrived == expected
+    assert replies == [messages.ErrorReply(message=m) for m in expected]
+
+
+def test_async_client_a_call_that_gives_up_waiting_leaves_the_line(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
+    """A call that times out (or is cancelled) while waiting for the peer fails alone; the calls
+    behind it keep their order and go once the peer is back."""
+    peer = LatePeer(context, address)
+
+    async def call(client: AsyncRpcClient, text: str, timeout: float) -> messages.Message:
+        return (await client.call(messages.ErrorReply(message=text), timeout=timeout)).message
+
+    async def calls(client: AsyncRpcClient) -> tuple[list[str], list[object]]:
+        first = asyncio.ensure_future(call(client, "first", 30))
+        await asyncio.sleep(0.01)
+        impatient = asyncio.ensure_future(call(client, "impatient", 0.1))
+        cancelled = asyncio.ensure_future(call(client, "cancelled", 30))
+        last = asyncio.ensure_future(call(client, "last", 30))
+        await asyncio.sleep(0.2)
+        cancelled.cancel()
+        arrived = await peer.take(2)
+        outcomes = await asyncio.gather(first, impatient, cancelled, last, return_exceptions=True)
+        return arrived, [type(o).__name__ if isinstance(o, BaseException) else o for o in outcomes]
+
+    try:
+        arrived, outcomes = _run_async_client(address, calls)
+    finally:
+        peer.close()
+    assert arrived == ["first", "last"]
+    assert outcomes == [
+        messages.ErrorReply(message="first"),
+        "PeerUnavailable",
+        "CancelledError",
+        messages.ErrorReply(message="last"),
+    ]
+
+
+def test_async_client_a_dead_peer_fails_only_what_was_sent_to_it(
+    context: zmq.Context[zmq.Socket[bytes]], address: str
+) -> None:
+    """A peer that dies fails at once the call it was holding; calls made after it died, still
+    waiting for a peer, are not failed by the news: they reach its successor and get its
+    replies. (Failing one that then reached the successor reported a produce request lost that
+    the restarted shard had appended.)"""
+    peer = LatePeer(context, address)
+
+    async def call(client: AsyncRpcClient, text: str) -> messages.Message:
+        return (await client.call(messages.ErrorReply(message=text), timeout=30)).message
+
+    async def calls(client: AsyncRpcClient) -> tuple[list[str], list[object]]:
+        doomed = context.socket(zmq.ROUTER)
+        doomed.bind(address)
+        held = asyncio.ensure_future(call(client, "held"))
+        for _ in range(500):
+            if doomed.poll(0, zmq.POLLIN):
+                break
+            await asyncio.sleep(0.01)
+        doomed.close(linger=0)  # dies holding the request
+        time.sleep(0.1)  # ZeroMQ notices; the event loop does not run, so nothing is told yet
+        later = [asyncio.ensure_future(call(client, f"later {n}")) for n in range(3)]
+        await asyncio.sleep(0.3)  # now it is: the death is news to every call above
+        arrived = await peer.take(3)
+        outcomes = await asyncio.gather(held, *later, return_exceptions=True)
+        return arrived, [type(o).__name__ if isinstance(o, BaseException) else o for o in outcomes]
+
+    try:
+        arrived, outcomes = _run_async_client(address, calls)
+    finally:
+        peer.close()
+    assert arrived == ["later 0", "later 1", "later 2"]
+    assert outcomes == [
+        "PeerUnavailable",
+        *(messages.ErrorReply(message=f"later {n}") for n in range(3)),
+    ]
