@@ -7,8 +7,8 @@ import pytest
 from aiohttp import web
 
 from kafscale.console.groups import reset_targets
-from kafscale.console.model import GroupOffset, Message
 from kafscale.console.messages import matcher, plan_ranges, show
+from kafscale.console.model import GroupOffset, Message
 from kafscale.console.topics import _parse_configs
 from kafscale.console.web import _retention, parse_moment
 
