@@ -157,7 +157,7 @@ def summarize(keys: Keys, found: Mapping[str, Iterable[KeyValue]], now_ms: int) 
     )
     leaders, bad_leaders = _decode_all(_LEADER, found.get("leaders", ()), keys.leaders)
     bad = bad_topics + bad_brokers + bad_states + bad_leaders
-    start = len(keys.root + "segments/")
+    start = len(keys.all_segments)
     logs: dict[str, list[SegmentRecord]] = {}
     for kv in found.get("segments", ()):
         try:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import time
 
-from kafscale.ipc import messages, write_path
+from kafscale.ipc import log_admin, messages, write_path
 from kafscale.ipc.rpc import Handler, Incoming, RpcServer, serve_until
-from kafscale.metadata import open_metadata_store
+from kafscale.metadata import open_metadata_store, topic_configs
 from kafscale.metadata.records import Keys
 from kafscale.metadata.store import MetadataStoreUnavailable
 from kafscale.storage import open_object_store
@@ -36,6 +36,7 @@ from .credentials import CredentialAdmin
 from .group_service import TICK_MS, GroupService
 from .groups import GroupSettings
 from .history import HistoryCompactor
+from .log_start import LogStarts, ShardNotices
 from .owner_state import OwnerState
 from .owners import Owners
 from .partitions import PartitionCommitter
@@ -92,6 +93,10 @@ def run(ctx: ChildContext) -> None:
         )
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
+        notices = ShardNotices(ctx.zmq_context, ctx.runtime_dir, config.shards)
+        log_starts = LogStarts(
+            store, config.s3_namespace, owners, topic_configs.defaults(config), notices
+        )
         groups = GroupService(
             store,
             config.s3_namespace,
@@ -142,6 +147,7 @@ def run(ctx: ChildContext) -> None:
                         write_path.PartitionSealed: owners.handle_sealed,
                         messages.Drain: owners.handle_drain,
                         messages.AllocateProducerId: producer_ids.handle,
+                        log_admin.MoveLogStart: log_starts.handle,
                         **groups.handlers(),
                         **ConfigAdmin(store, config.s3_namespace, config.broker_id).handlers(),
                         **credentials.handlers(),
@@ -155,6 +161,7 @@ def run(ctx: ChildContext) -> None:
             refs.stop()
             owners.close()
             retention.close()
+            notices.close()
             server.close()
     finally:
         store.close()

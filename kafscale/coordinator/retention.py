@@ -5,8 +5,13 @@ Every ``KAFSCALE_RETENTION_CHECK_INTERVAL_MS`` the coordinator walks each partit
 entries -- spec segments and chunks of write-ahead objects alike (metadata records, no
 object-store listing) -- oldest first, and deletes while:
 
+- start: the entry ends below the partition's log start offset (DeleteRecords moved it:
+  ``kafscale.coordinator.log_start``), or
 - time: the entry's largest record timestamp is older than ``retention.ms`` (-1: never), or
-- size: the partition stays at or above ``retention.bytes`` without the entry (-1: never).
+- size: the partition stays at or above ``retention.bytes`` without the entry (negative: never).
+
+Time and size apply only when the topic's ``cleanup.policy`` includes ``delete``; a compact-only
+or empty policy keeps the log whole, as in Kafka.
 
 Deleting is, in order: one compare-and-set transaction that moves the partition's log start
 offset past the deleted entries and removes their records (one ``DeleteRange``: they are a prefix
@@ -28,24 +33,24 @@ Retention never reads segment bytes: an entry's age is its record's max timestam
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 import msgspec
 import zmq
 
 from kafscale import metrics
 from kafscale.config import Config
-from kafscale.ipc import endpoints, messages
-from kafscale.ipc.routing import shard_for
 from kafscale.metadata import records, topic_configs
 from kafscale.metadata.records import Keys, SegmentRecord, TopicRecord
 from kafscale.metadata.store import Compare, DeleteRange, MetadataStore, Put
 from kafscale.storage import segment as segments
 from kafscale.storage.faults import FaultLog
 from kafscale.storage.objects import ObjectStore, ObjectStoreError
+
+from .log_start import ShardNotices
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +62,36 @@ UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
 
 
 def expired(
-    found: list[SegmentRecord], retention_ms: int, retention_bytes: int, now_ms: int
+    found: list[SegmentRecord],
+    retention_ms: int,
+    retention_bytes: int,
+    now_ms: int,
+    log_start_offset: int = 0,
 ) -> list[SegmentRecord]:
-    """The oldest entries that retention deletes (a prefix of ``found``, in offset order)."""
+    """The oldest entries that retention deletes (a prefix of ``found``, in offset order):
+    those that end below the partition's log start (DeleteRecords moved it), then those that
+    ``retention.ms`` or ``retention.bytes`` expire (NO_LIMIT: never)."""
     total = sum(s.size for s in found)
     doomed: list[SegmentRecord] = []
     for segment in found:
+        below_start = segment.last_offset < log_start_offset
         too_old = retention_ms != NO_LIMIT and segment.max_timestamp < now_ms - retention_ms
         too_big = retention_bytes != NO_LIMIT and total - segment.size >= retention_bytes
-        if not (too_old or too_big):
+        if not (below_start or too_old or too_big):
             break
         doomed.append(segment)
         total -= segment.size
     return doomed
+
+
+def limits(configs: Mapping[str, str]) -> tuple[int, int]:
+    """``(retention.ms, retention.bytes)`` of a topic's effective configs, NO_LIMIT for no
+    limit: a negative ``retention.bytes`` (as in Kafka), and both when ``cleanup.policy`` does
+    not include ``delete`` (compact only, or empty: Kafka keeps such a log whole)."""
+    if "delete" not in configs["cleanup.policy"].split(","):
+        return NO_LIMIT, NO_LIMIT
+    retention_bytes = int(configs["retention.bytes"])
+    return int(configs["retention.ms"]), NO_LIMIT if retention_bytes < 0 else retention_bytes
 
 
 def first_batch(doomed: list[SegmentRecord]) -> list[SegmentRecord]:
@@ -101,13 +123,7 @@ class RetentionCleaner:
         self._next_ms = _now_ms() + self.interval_ms
         self._leftovers: list[str] = []  # object keys whose delete failed
         self._faults = FaultLog(log, "retention", metrics.READ_FAULTS.labels("retention").inc)
-        self._shards = []
-        for index in range(config.shards):
-            socket = context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.IMMEDIATE, 1)
-            socket.connect(endpoints.address(runtime_dir, "shard", index))
-            self._shards.append(socket)
+        self._notices = ShardNotices(context, runtime_dir, config.shards)
 
     def maybe_run(self) -> None:
         now = _now_ms()
@@ -127,13 +143,11 @@ class RetentionCleaner:
         for kv in self.store.get_prefix(self.keys.topics):
             try:
                 topic = records.decode_topic(kv.value)
-                configs = topic_configs.effective(topic.configs, defaults)
-                retention_ms = int(configs["retention.ms"])
-                retention_bytes = int(configs["retention.bytes"])
+                retention_ms, retention_bytes = limits(
+                    topic_configs.effective(topic.configs, defaults)
+                )
             except UNDECODABLE as exc:
                 self._faults.report(kv.key, f"topic record does not decode: {exc}")
-                continue
-            if retention_ms == NO_LIMIT and retention_bytes == NO_LIMIT:
                 continue
             for partition in range(topic.partitions):
                 try:
@@ -153,6 +167,8 @@ class RetentionCleaner:
         state = records.decode_partition(partition_kv.value)
         if state.topic_id != topic.topic_id:
             return 0
+        if retention_ms == retention_bytes == NO_LIMIT and state.log_start_offset == 0:
+            return 0  # nothing can expire, and nothing lies below the log start
         found = sorted(
             (
                 records.decode_segment(kv.value)
@@ -160,7 +176,9 @@ class RetentionCleaner:
             ),
             key=lambda s: s.base_offset,
         )
-        doomed = first_batch(expired(found, retention_ms, retention_bytes, now))
+        doomed = first_batch(
+            expired(found, retention_ms, retention_bytes, now, state.log_start_offset)
+        )
         if not doomed:
             return 0
         log_start = doomed[-1].last_offset + 1
@@ -180,7 +198,9 @@ class RetentionCleaner:
         if not txn.succeeded:
             return 0  # a commit moved the partition meanwhile: the next round sees it
         chunks = Counter(s.object for s in doomed if s.is_chunk)
-        self._notify(topic, partition, updated.log_start_offset)
+        self._notices.log_start_moved(
+            topic.name, topic.topic_id, partition, updated.log_start_offset
+        )
         ns = self.config.s3_namespace
         self._leftovers += self._delete_objects(
             [
@@ -206,13 +226,6 @@ class RetentionCleaner:
         )
         return len(doomed)
 
-    def _notify(self, topic: TopicRecord, partition: int, log_start: int) -> None:
-        shard = self._shards[shard_for(topic.topic_id, partition, len(self._shards))]
-        notice = messages.LogStartMoved(topic.name, topic.topic_id, partition, log_start)
-        # a shard that is restarting reads the new log start when it loads the partition
-        with contextlib.suppress(zmq.Again):
-            shard.send_multipart([b"\0" * 8, messages.encode(notice)], flags=zmq.NOBLOCK)
-
     def _delete_objects(self, keys: list[str]) -> list[str]:
         """Delete ``keys``; the ones whose delete failed (retried next round)."""
         failed = []
@@ -227,8 +240,7 @@ class RetentionCleaner:
         return failed
 
     def close(self) -> None:
-        for socket in self._shards:
-            socket.close(linger=0)
+        self._notices.close()
 
 
 def _now_ms() -> int:

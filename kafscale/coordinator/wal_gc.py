@@ -281,7 +281,7 @@ class WalReferences:
     def follow(self, revision: int) -> None:
         """Keep the counts exact from ``revision`` on: watch every chunk record and WalRecord
         (applied on the caller's thread, at the next ``sweep`` or ``apply``)."""
-        for prefix in (self.keys.wal_objects, self.keys.root + "segments/"):
+        for prefix in (self.keys.wal_objects, self.keys.all_segments):
             self._watches.append(
                 self.store.watch_prefix(
                     prefix, self._events.append, start_revision=revision, on_error=self._lost

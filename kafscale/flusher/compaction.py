@@ -230,7 +230,7 @@ class Compactor:
         owned = self._owned() if self._owned is not None else None
         self._following = owned or set()
         found: dict[PartitionKey, list[SegmentRecord]] = {}
-        prefix = self.keys.root + "segments/"
+        prefix = self.keys.all_segments
         for kv in self.store.get_prefix(prefix):
             name, partition, _ = kv.key[len(prefix) :].split("/")
             if owned is not None and (name, int(partition)) not in owned:

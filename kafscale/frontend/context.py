@@ -6,11 +6,12 @@ response (or None when the protocol sends none).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kafscale.config import Config
+from kafscale.frontend.log_dirs import LogDir
 from kafscale.ipc import messages
 from kafscale.ipc.messages import TopicResult, TopicSpec
 from kafscale.ipc.rpc import Reply
@@ -89,6 +90,14 @@ class Shards(Protocol):
     ) -> messages.OffsetsListed: ...
 
 
+class LogDirs(Protocol):
+    """What DescribeLogDirs reports (``kafscale.frontend.log_dirs.StoredLogDirs``); blocking."""
+
+    def log_dir(self) -> LogDir: ...
+
+    def sizes(self, topics: Iterable[str] | None) -> dict[tuple[str, int], int]: ...
+
+
 class View(Protocol):
     """The metadata a handler reads: ``kafscale.metadata.view.MetadataView`` in the broker."""
 
@@ -103,6 +112,7 @@ class Broker:
     apis: dict[int, Api]
     coordinator: Coordinator
     shards: Shards
+    log_dirs: LogDirs | None = None  # None (unit tests): DescribeLogDirs lists no dirs
 
     @property
     def node_id(self) -> int:

@@ -21,6 +21,7 @@ import msgspec
 
 # ``Message`` is re-exported: callers name the base class ``messages.Message``.
 from kafscale.ipc.base import Message as Message
+from kafscale.ipc.log_admin import LogStartMoves, MoveLogStart
 from kafscale.ipc.write_path import (
     CommitCompaction,
     CommitMerge,
@@ -385,8 +386,8 @@ class AclsChanged(Message, frozen=True):
 
 
 class LogStartMoved(Message, frozen=True):
-    """Retention deleted a partition's oldest segments: its log now starts at
-    ``log_start_offset``. A notice: no reply."""
+    """A partition's log now starts at ``log_start_offset``: retention deleted its oldest
+    entries, or DeleteRecords moved its start. A notice: no reply."""
 
     topic: str
     topic_id: str
@@ -605,6 +606,8 @@ AnyMessage = (
     | FlushAll
     | FlushedAll
     | LogStartMoved
+    | MoveLogStart
+    | LogStartMoves
     | JoinGroup
     | JoinGroupResult
     | SyncGroup

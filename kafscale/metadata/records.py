@@ -269,6 +269,16 @@ class Keys:
         return f"{self.root}segments/{topic}/"
 
     @property
+    def all_segments(self) -> str:
+        """The prefix of every partition's segment records."""
+        return f"{self.root}segments/"
+
+    @property
+    def all_partitions(self) -> str:
+        """The prefix of every partition record."""
+        return f"{self.root}partitions/"
+
+    @property
     def groups(self) -> str:
         return self.root + "groups/"
 

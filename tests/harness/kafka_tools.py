@@ -1,6 +1,7 @@
 """Kafka's own admin tools (kafka-consumer-groups.sh, kafka-topics.sh, kafka-configs.sh,
-kafka-acls.sh) run from the jars in tests/java/target/tools-4 (scripts/install-deps.sh builds
-them: see tests/java/tools-4/pom.xml), the way the shell scripts of a Kafka distribution run them:
+kafka-acls.sh, kafka-delete-records.sh, kafka-log-dirs.sh) run from the jars in
+tests/java/target/tools-4 (scripts/install-deps.sh builds them: see tests/java/tools-4/pom.xml),
+the way the shell scripts of a Kafka distribution run them:
 `java -cp 'tools-4/*' MAIN_CLASS ARGS...`.
 
 The tools log through slf4j-simple at WARN (KAFSCALE_TOOLS_LOG_LEVEL to change it), to stderr, so
@@ -25,6 +26,8 @@ TOOL_MAINS = {
     "topics": "org.apache.kafka.tools.TopicCommand",
     "configs": "kafka.admin.ConfigCommand",
     "acls": "org.apache.kafka.tools.AclCommand",
+    "delete-records": "org.apache.kafka.tools.DeleteRecordsCommand",
+    "log-dirs": "org.apache.kafka.tools.LogDirsCommand",
 }
 TOOLS_TIMEOUT = 90.0
 

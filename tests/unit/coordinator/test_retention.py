@@ -17,6 +17,7 @@ from kafscale.coordinator.retention import (
     RetentionCleaner,
     expired,
     first_batch,
+    limits,
 )
 from kafscale.coordinator.wal_gc import WalReferences
 from kafscale.metadata import open_metadata_store, records
@@ -56,6 +57,30 @@ def test_size_keeps_the_partition_at_or_above_its_limit() -> None:
 def test_no_limits_delete_nothing_and_either_limit_suffices() -> None:
     assert expired(SEGMENTS, -1, -1, NOW) == []
     assert expired(SEGMENTS, 4000, 250, NOW) == SEGMENTS[:1]
+
+
+def test_entries_that_end_below_the_log_start_go_whatever_the_limits() -> None:
+    assert expired(SEGMENTS, -1, -1, NOW, log_start_offset=10) == SEGMENTS[:1]
+    assert expired(SEGMENTS, -1, -1, NOW, log_start_offset=15) == SEGMENTS[:1]  # 10-19 stays
+    assert expired(SEGMENTS, -1, -1, NOW, log_start_offset=30) == SEGMENTS
+    assert expired(SEGMENTS, 2000, -1, NOW, log_start_offset=10) == SEGMENTS[:2]
+
+
+@pytest.mark.parametrize(
+    ("policy", "retention_bytes", "expected"),
+    [
+        ("delete", "100", (5, 100)),
+        ("compact,delete", "100", (5, 100)),
+        ("delete", "-7", (5, -1)),  # any negative size is no limit, as in Kafka
+        ("compact", "100", (-1, -1)),  # compact only: nothing expires
+        ("", "100", (-1, -1)),  # empty (Kafka 4.3): infinite retention
+    ],
+)
+def test_only_a_delete_policy_expires_by_time_and_size(
+    policy: str, retention_bytes: str, expected: tuple[int, int]
+) -> None:
+    configs = {"cleanup.policy": policy, "retention.ms": "5", "retention.bytes": retention_bytes}
+    assert limits(configs) == expected
 
 
 def chunk(base: int, size: int, max_ts: int, object_key: str = "o") -> SegmentRecord:

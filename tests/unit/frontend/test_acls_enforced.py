@@ -55,6 +55,7 @@ from kafscale.frontend import requests
 from kafscale.frontend.context import Broker, Session
 from kafscale.frontend.dispatch import APIS
 from kafscale.ipc import messages
+from kafscale.ipc.log_admin import LogStartMoveResult, LogStartMoves, MoveLogStart
 from kafscale.metadata.records import (
     AclRecord,
     BrokerRecord,
@@ -223,6 +224,9 @@ class RecordingCoordinator(AdminCoordinator):
                 else:
                     credentials[key] = record
             return messages.ScramCredentialsAltered(results, 0)
+        if isinstance(request, MoveLogStart):
+            self.asked.append(("MoveLogStart", tuple(m.topic for m in request.partitions)))
+            return LogStartMoves([LogStartMoveResult(0, m.offset) for m in request.partitions])
         if isinstance(request, messages.AlterTopicConfigs):
             self.asked.append(("AlterTopicConfigs", tuple(t.topic for t in request.topics)))
         elif isinstance(request, messages.CreatePartitions):
@@ -499,6 +503,42 @@ def scram_altered(response: Any) -> list[tuple[str, ErrorCode]]:
     return [(r.user, ErrorCode(r.error_code)) for r in response.results]
 
 
+def delete_records(topic: str = "orders", version: int = 2) -> Any:
+    schema = load_request_schema(21, version)
+    topic_class = codec.element(schema, "topics")
+    return codec.build(
+        schema,
+        topics=(
+            codec.build(
+                topic_class,
+                name=topic,
+                partitions=(
+                    codec.build(
+                        codec.element(topic_class, "partitions"), partition_index=0, offset=5
+                    ),
+                ),
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=5),
+    )
+
+
+def records_deleted(response: Any) -> list[tuple[str, ErrorCode, int]]:
+    return [
+        (t.name, ErrorCode(p.error_code), int(p.low_watermark))
+        for t in response.topics
+        for p in t.partitions
+    ]
+
+
+def describe_log_dirs(version: int = 4) -> Any:
+    return codec.build(load_request_schema(35, version), topics=None)
+
+
+def log_dirs_described(response: Any) -> list[tuple[ErrorCode, int]]:
+    return [(ErrorCode(response.error_code), len(response.results))]
+
+
 def describe_quotas(version: int = 1) -> Any:
     return codec.build(load_request_schema(48, version), components=(), strict=False)
 
@@ -699,6 +739,25 @@ CASES = [
         (on_topic("orders", Op.ALTER),),
         [("orders", OK)],
         [("CreatePartitions", ("orders",))],
+    ),
+    Case(
+        "delete records",
+        "DeleteRecords",
+        delete_records,
+        records_deleted,
+        [("orders", TAF, -1)],
+        (on_topic("orders", Op.DELETE),),
+        [("orders", OK, 5)],
+        [("MoveLogStart", ("orders",))],
+    ),
+    Case(
+        "describe log dirs",
+        "DescribeLogDirs",
+        describe_log_dirs,
+        log_dirs_described,
+        [(CAF, 0)],
+        (on_cluster(Op.DESCRIBE),),
+        [(OK, 0)],  # the unit broker has no log dirs (Broker.log_dirs None)
     ),
     Case(
         "describe configs of a topic",
