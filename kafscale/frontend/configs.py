@@ -23,9 +23,12 @@ Credentials (``Setting.secret``) are described as Kafka describes a password con
 ``ssl.keystore.password``: type PASSWORD, ``isSensitive`` true, value null (in every synonym too),
 so a tool sees that one is set and never what it is.
 
-Topic configs. Every config KafScale supports (``kafscale.metadata.topic_configs``): the topic's
-own value (DYNAMIC_TOPIC_CONFIG) or else its broker synonym's value and source, with Kafka's
-synonym chain (topic, then broker) when asked for.
+Topic configs. Every topic config Kafka defines (``kafscale.metadata.topic_configs``), including
+those accepted without effect (their documentation says why): the topic's own value
+(DYNAMIC_TOPIC_CONFIG) or else its broker synonym's value and source, with Kafka's synonym chain
+(topic, then broker) when asked for. The five Kafka gives no broker synonym (the throttled-replica
+lists, ``remote.storage.enable``, ``remote.log.*``) are DEFAULT_CONFIG with Kafka's default when
+the topic does not set them, and list only the topic's own value as a synonym, as Kafka does.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Described:
     sensitive: bool
     type: ConfigType
     documentation: str
-    synonyms: tuple[Synonym, ...]  # the first one is where ``value`` comes from
+    synonyms: tuple[Synonym, ...]  # the first one is where ``value`` comes from (if any)
 
 
 STATIC = ConfigSource.STATIC_BROKER_CONFIG
@@ -105,23 +108,28 @@ def broker_configs(config: Config) -> list[Described]:
 
 
 def topic_configs_of(explicit: Mapping[str, str], config: Config) -> list[Described]:
-    """Every supported topic config of a topic that sets ``explicit``, sorted by name."""
+    """Every topic config of a topic that sets ``explicit``, sorted by name."""
     brokers = _broker_table(config)
     described = []
-    for name, topic_config in sorted(topic_configs.SUPPORTED.items()):
-        inherited = brokers[topic_config.broker_name]
-        synonyms = inherited.synonyms
+    for name, topic_config in sorted(topic_configs.CONFIGS.items()):
+        synonyms: tuple[Synonym, ...] = ()
+        if topic_config.broker_name is not None:
+            synonyms = brokers[topic_config.broker_name].synonyms
         if name in explicit:
             synonyms = (Synonym(name, explicit[name], ConfigSource.DYNAMIC_TOPIC_CONFIG), *synonyms)
+        value: str | None = topic_config.default  # no synonym: Kafka's own default
+        source = DEFAULT
+        if synonyms:
+            value, source = synonyms[0].value, synonyms[0].source
         described.append(
             Described(
                 name=name,
-                value=synonyms[0].value,
-                source=synonyms[0].source,
+                value=value,
+                source=source,
                 read_only=False,
                 sensitive=False,
                 type=topic_config.type,
-                documentation=topic_config.doc,
+                documentation=topic_config.documentation,
                 synonyms=synonyms,
             )
         )
@@ -163,12 +171,11 @@ def _broker_table(config: Config) -> dict[str, Described]:
     ):
         static = any(_source(config, field) is STATIC for field in fields)
         table[name] = _fixed(name, value, ConfigType.LIST, doc, STATIC if static else DEFAULT)
-    for topic_config in topic_configs.SUPPORTED.values():
-        if topic_config.broker_setting is None:
-            doc = f"The default of topic config {topic_config.name}. {topic_config.doc}"
-            table[topic_config.broker_name] = _fixed(
-                topic_config.broker_name, topic_config.default, topic_config.type, doc
-            )
+    for topic_config in topic_configs.CONFIGS.values():
+        broker_name = topic_config.broker_name
+        if topic_config.broker_setting is None and broker_name is not None:
+            doc = f"The default of topic config {topic_config.name}. {topic_config.documentation}"
+            table[broker_name] = _fixed(broker_name, topic_config.default, topic_config.type, doc)
     for name, value, kind, doc in FIXED:
         table[name] = _fixed(name, value, kind, doc)
     return table

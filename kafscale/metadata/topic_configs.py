@@ -1,35 +1,54 @@
-"""Topic configurations KafScale understands: defaults, types, checks, and how alterations apply.
+"""Topic configurations: Kafka's 33, what KafScale does with each, and how alterations apply.
 
-Only settings the broker acts on are accepted. Any other name Kafka defines (``segment.ms``,
-``min.insync.replicas``, ...) is refused with a message saying KafScale does not support it, and a
-name Kafka does not define is refused as unknown -- as Kafka refuses unknown topic configs -- so a
-setting never silently does nothing. ``retention.ms`` and ``retention.bytes`` are enforced by the
-coordinator (``kafscale.coordinator.retention``).
+Every topic config Kafka 4.3 defines is accepted, stored and described, with Kafka's type, default
+and validator (``kafscale.metadata.config_values``: a value Kafka refuses is refused with Kafka's
+message). ``CONFIGS`` says of each what KafScale does with it: ``ENFORCED``, or accepted
+``WITHOUT_EFFECT`` because what it tunes does not exist here (replicas, local log files and their
+flushing and indexes, a local tier in front of remote storage) -- the reason is in the table, the
+docs (docs/compatibility.md, Topic configs) and every DescribeConfigs answer. A name Kafka does not
+define is refused as Kafka 4 refuses it ("Unknown topic config name"), which includes the ones
+Kafka 4 removed (``message.format.version``, ``message.downconversion.enable``,
+``message.timestamp.difference.max.ms``). One value is refused although Kafka takes it: a
+``cleanup.policy`` naming ``compact`` (``UNAVAILABLE_POLICIES``), until compaction exists.
 
-A topic record holds only the configs set on it. A config it does not set takes its broker's
-value, as in Kafka (``segment.bytes`` <- ``log.segment.bytes``, which is KAFSCALE_SEGMENT_BYTES);
-``defaults`` gives those values. ``replaced`` (AlterConfigs) and ``altered``
-(IncrementalAlterConfigs) are pure: current configs and a request in, the new set out.
+A topic record holds only the configs set on it, as they were given. A config it does not set
+takes its broker's value, as in Kafka (``segment.bytes`` <- ``log.segment.bytes``, which is
+KAFSCALE_SEGMENT_BYTES); ``defaults`` gives those values, ``effective`` every config's value in
+Kafka's parsed form (trimmed, ``+5`` as ``5``; an explicitly empty ``cleanup.policy`` is ``""``).
+``replaced`` (AlterConfigs) and ``altered`` (IncrementalAlterConfigs) are pure: current configs and
+a request in, the new set out.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 
 from kafscale.config import Config
+from kafscale.metadata import config_values
+from kafscale.metadata.config_values import InvalidConfig
+from kafscale.metadata.topic_config_table import CONFIGS, UNAVAILABLE_POLICIES, TopicConfig
 from kafscale.protocol.configs import AlterConfigOp, ConfigType
 
-COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
-INT_MAX = 2**31 - 1
-LONG_MAX = 2**63 - 1
+__all__ = [
+    "CONFIGS",
+    "UNAVAILABLE_POLICIES",
+    "InvalidAlteration",
+    "InvalidTopicConfig",
+    "TopicConfig",
+    "altered",
+    "defaults",
+    "effective",
+    "known",
+    "replaced",
+    "validate",
+]
 
 
-class InvalidTopicConfig(ValueError):
+class InvalidTopicConfig(InvalidConfig):
     """A topic config name or value the broker refuses (INVALID_CONFIG); the message says which
-    and why."""
+    and why, in Kafka's words where Kafka refuses it too."""
 
 
 class InvalidAlteration(ValueError):
@@ -37,201 +56,83 @@ class InvalidAlteration(ValueError):
     named twice, a null value to set, an unknown operation."""
 
 
-def _number(low: int, high: int) -> Callable[[str], None]:
-    def check(value: str) -> None:
-        try:
-            number = int(value)
-        except ValueError:
-            raise InvalidTopicConfig(f"{value!r} is not an integer") from None
-        if not low <= number <= high:
-            raise InvalidTopicConfig(f"{number} is out of range [{low}, {high}]")
-
-    return check
-
-
-def _one_of(*choices: str) -> Callable[[str], None]:
-    def check(value: str) -> None:
-        if value not in choices:
-            raise InvalidTopicConfig(f"{value!r} is not one of {', '.join(choices)}")
-
-    return check
-
-
-@dataclass(frozen=True)
-class TopicConfig:
-    name: str
-    default: str  # Kafka's default (the broker synonym's own default)
-    check: Callable[[str], None]
-    type: ConfigType
-    broker_name: str  # the broker config a topic that does not set this one takes (Kafka's)
-    doc: str
-    # The KafScale setting (a ``Config`` field) that gives the broker's value, if one does.
-    broker_setting: str | None = None
-
-
-SUPPORTED: dict[str, TopicConfig] = {
-    config.name: config
-    for config in (
-        TopicConfig(
-            "cleanup.policy",
-            "delete",
-            _one_of("delete"),
-            ConfigType.LIST,
-            "log.cleanup.policy",
-            "The retention policy of old log segments. KafScale supports delete only "
-            "(no compaction).",
-        ),
-        TopicConfig(
-            "compression.type",
-            "producer",
-            _one_of(*COMPRESSION_TYPES),
-            ConfigType.STRING,
-            "compression.type",
-            "The compression of the topic's stored batches: uncompressed, gzip, snappy, lz4, "
-            "zstd, or producer (keep the producer's codec; batches that arrive uncompressed get "
-            "KAFSCALE_COMPRESSION_CODEC).",
-        ),
-        TopicConfig(
-            "max.message.bytes",
-            "1048588",
-            _number(0, INT_MAX),
-            ConfigType.INT,
-            "message.max.bytes",
-            "The largest record batch size allowed (after compression by the producer); a "
-            "larger one is refused with MESSAGE_TOO_LARGE.",
-        ),
-        TopicConfig(
-            "message.timestamp.type",
-            "CreateTime",
-            _one_of("CreateTime", "LogAppendTime"),
-            ConfigType.STRING,
-            "log.message.timestamp.type",
-            "Whether record timestamps are the producer's (CreateTime) or the broker's append "
-            "time (LogAppendTime).",
-        ),
-        TopicConfig(
-            "message.timestamp.before.max.ms",
-            str(LONG_MAX),
-            _number(0, LONG_MAX),
-            ConfigType.LONG,
-            "log.message.timestamp.before.max.ms",
-            "How far before the broker's time a record's CreateTime may be; a batch with an "
-            "older record is refused with INVALID_TIMESTAMP (KIP-937). Ignored with "
-            "LogAppendTime.",
-        ),
-        TopicConfig(
-            "message.timestamp.after.max.ms",
-            "3600000",  # Kafka 4's default (KIP-1030); Long.MAX_VALUE before 4.0
-            _number(0, LONG_MAX),
-            ConfigType.LONG,
-            "log.message.timestamp.after.max.ms",
-            "How far after the broker's time a record's CreateTime may be; a batch with a later "
-            "record is refused with INVALID_TIMESTAMP (KIP-937). Ignored with LogAppendTime.",
-        ),
-        TopicConfig(
-            "retention.ms",
-            "604800000",
-            _number(-1, LONG_MAX),
-            ConfigType.LONG,
-            "log.retention.ms",
-            "How long a segment is kept before it may be deleted (-1: no time limit).",
-        ),
-        TopicConfig(
-            "retention.bytes",
-            "-1",
-            _number(-1, LONG_MAX),
-            ConfigType.LONG,
-            "log.retention.bytes",
-            "How large a partition may grow before old segments may be deleted (-1: no size "
-            "limit).",
-        ),
-        TopicConfig(
-            "segment.bytes",
-            "1073741824",
-            _number(1024 * 1024, INT_MAX),  # Kafka 4's minimum is 1 MiB (KIP-1030)
-            ConfigType.INT,
-            "log.segment.bytes",
-            "A partition's buffer is sealed into a segment (an S3 object) at this size, or "
-            "KAFSCALE_FLUSH_INTERVAL_MS after its first byte, whichever comes first.",
-            broker_setting="segment_bytes",
-        ),
-    )
-}
-
-# Topic configs Apache Kafka defines that KafScale has no use for (no local log, no replicas).
-KAFKA_ONLY = frozenset(
-    {
-        "delete.retention.ms",
-        "file.delete.delay.ms",
-        "flush.messages",
-        "flush.ms",
-        "follower.replication.throttled.replicas",
-        "index.interval.bytes",
-        "leader.replication.throttled.replicas",
-        "local.retention.bytes",
-        "local.retention.ms",
-        "max.compaction.lag.ms",
-        "message.downconversion.enable",
-        "message.format.version",
-        "message.timestamp.difference.max.ms",
-        "min.cleanable.dirty.ratio",
-        "min.compaction.lag.ms",
-        "min.insync.replicas",
-        "preallocate",
-        "remote.storage.enable",
-        "segment.index.bytes",
-        "segment.jitter.ms",
-        "segment.ms",
-        "unclean.leader.election.enable",
-        "compression.gzip.level",
-        "compression.lz4.level",
-        "compression.zstd.level",
-        "remote.log.copy.disable",
-        "remote.log.delete.on.disable",
-    }
-)
-
-
 def known(name: str) -> TopicConfig:
-    """The supported config ``name``; raises InvalidTopicConfig naming it otherwise."""
-    config = SUPPORTED.get(name)
+    """The topic config ``name``; raises InvalidTopicConfig as Kafka does for a name it does not
+    define."""
+    config = CONFIGS.get(name)
     if config is None:
-        if name in KAFKA_ONLY:
-            raise InvalidTopicConfig(f"topic config {name} is not supported by KafScale")
-        raise InvalidTopicConfig(f"unknown topic config name: {name}")
+        raise InvalidTopicConfig(f"Unknown topic config name: {name}")
     return config
 
 
 def validate(configs: Mapping[str, str | None]) -> dict[str, str]:
-    """The explicitly set configs, checked; raises InvalidTopicConfig for the first bad one.
-    A None value means "use the default" and is dropped."""
-    checked: dict[str, str] = {}
-    for name, value in configs.items():
-        config = known(name)
-        if value is None:
-            continue
-        try:
-            config.check(value)
-        except InvalidTopicConfig as exc:
-            raise InvalidTopicConfig(f"invalid value for {name}: {exc}") from None
-        checked[name] = value
+    """The explicitly set configs, checked as Kafka's ``LogConfig.validate`` checks them: names
+    first, then each value in Kafka's definition order, then the one cross-config rule; raises
+    InvalidTopicConfig for the first problem. A None value means "use the default" and is
+    dropped."""
+    for name in configs:
+        known(name)
+    checked = {name: value for name, value in configs.items() if value is not None}
+    parsed = {}
+    try:
+        for name, config in CONFIGS.items():
+            if name in checked:
+                parsed[name] = _parsed(config, checked[name])
+    except InvalidConfig as exc:
+        raise InvalidTopicConfig(str(exc)) from None
+    _check_compaction_lags(parsed)
     return checked
+
+
+def _parsed(config: TopicConfig, value: str) -> config_values.Value:
+    parsed = config_values.parse(config.name, value, config.type)
+    if config.validator is not None:
+        config.validator(config.name, parsed)
+    if config.name == "cleanup.policy":
+        assert isinstance(parsed, tuple)
+        for policy in parsed:
+            if policy in UNAVAILABLE_POLICIES:
+                raise config_values.invalid(config.name, policy, UNAVAILABLE_POLICIES[policy])
+    return parsed
+
+
+def _check_compaction_lags(parsed: Mapping[str, config_values.Value]) -> None:
+    """Kafka's ``LogConfig.validateValues``: the minimum compaction lag may not exceed the
+    maximum (each the topic's value, else the default)."""
+    low = parsed.get("min.compaction.lag.ms", int(CONFIGS["min.compaction.lag.ms"].default))
+    high = parsed.get("max.compaction.lag.ms", int(CONFIGS["max.compaction.lag.ms"].default))
+    assert isinstance(low, int) and isinstance(high, int)
+    if low > high:
+        raise InvalidTopicConfig(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > "
+            f"max.compaction.lag.ms ({high})"
+        )
 
 
 @functools.cache
 def defaults(broker: Config) -> Mapping[str, str]:
-    """The value of each supported config for a topic that does not set it."""
+    """The value of each config for a topic that does not set it."""
     return {
         name: str(getattr(broker, config.broker_setting))
         if config.broker_setting
         else config.default
-        for name, config in SUPPORTED.items()
+        for name, config in CONFIGS.items()
     }
 
 
 def effective(configs: Mapping[str, str], topic_defaults: Mapping[str, str]) -> dict[str, str]:
-    """Every supported config with its value for a topic: explicit ones, else the default."""
-    return {name: configs.get(name, topic_defaults[name]) for name in SUPPORTED}
+    """Every config with its value for a topic (explicit ones, else the default), each in
+    Kafka's parsed form: what the broker acts on. ``configs`` holds only checked values."""
+    return {
+        name: _normalized(name, configs[name]) if name in configs else topic_defaults[name]
+        for name in CONFIGS
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized(name: str, value: str) -> str:
+    """A checked value in Kafka's parsed form (cached: produce asks for every request)."""
+    return config_values.text(config_values.parse(name, value, CONFIGS[name].type))
 
 
 def replaced(configs: Sequence[tuple[str, str | None]]) -> dict[str, str]:
@@ -247,7 +148,8 @@ def altered(
 
     APPEND and SUBTRACT treat the value as a comma-separated list, starting from the default
     when the topic does not set the config, as Kafka's controller does; they are refused for
-    configs that are not lists."""
+    configs that are not lists. Subtracting a list's last item leaves it explicitly empty (for
+    ``cleanup.policy``: nothing is ever deleted)."""
     _refuse_duplicates(name for name, _, _ in changes)
     updated = dict(current)
     for name, operation, value in changes:

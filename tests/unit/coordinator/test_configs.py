@@ -82,7 +82,7 @@ def test_validate_only_errors_and_no_ops_write_nothing(store: SqliteMetadataStor
     assert dry.results[0].error_code == 0 and dry.revision == 0
     same = admin.alter(alter(("retention.ms", AlterConfigOp.SET, "5")))
     assert same.results[0].error_code == 0 and same.revision == 0
-    bad = admin.alter(alter(("segment.ms", AlterConfigOp.SET, "5")))
+    bad = admin.alter(alter(("segment.ms", AlterConfigOp.SET, "0")))
     assert bad.results[0].error_code == ErrorCode.invalid_config
     ghost = admin.alter(alter(("retention.ms", AlterConfigOp.DELETE, None), topic="ghost"))
     assert ghost.results[0].error_code == ErrorCode.unknown_topic_or_partition

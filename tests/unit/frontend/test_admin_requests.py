@@ -17,6 +17,7 @@ from kafscale.coordinator import configs as coordinator_configs
 from kafscale.frontend.context import Broker
 from kafscale.ipc import messages
 from kafscale.ipc.rpc import RpcError
+from kafscale.metadata import topic_configs
 from kafscale.metadata.records import TopicRecord
 from kafscale.protocol import codec
 from kafscale.protocol.configs import AlterConfigOp, ConfigSource, ConfigType, ResourceType
@@ -124,17 +125,7 @@ def test_describe_configs_of_a_topic(version: int) -> None:
     [result] = call(admin_broker(), request, 32).results
     assert (result.error_code, result.resource_name) == (ErrorCode.none, "orders")
     configs = {c.name: c for c in result.configs}
-    assert set(configs) == {
-        "cleanup.policy",
-        "compression.type",
-        "max.message.bytes",
-        "message.timestamp.after.max.ms",
-        "message.timestamp.before.max.ms",
-        "message.timestamp.type",
-        "retention.bytes",
-        "retention.ms",
-        "segment.bytes",
-    }
+    assert list(configs) == sorted(topic_configs.CONFIGS)  # all 33 of Kafka 4.3's
     retention = configs["retention.ms"]
     assert (retention.value, retention.config_source) == (
         "3600000",
@@ -148,10 +139,33 @@ def test_describe_configs_of_a_topic(version: int) -> None:
     segment = configs["segment.bytes"]
     assert (segment.value, segment.config_source) == ("4194304", ConfigSource.DEFAULT_CONFIG)
     assert configs["max.message.bytes"].value == "1048588"
+    # Accepted without effect, described as Kafka describes it: the broker synonym's default,
+    # or Kafka's own default with no synonym when Kafka has no broker config for it.
+    insync = configs["min.insync.replicas"]
+    assert (insync.value, insync.config_source, insync.read_only) == (
+        "1",
+        ConfigSource.DEFAULT_CONFIG,
+        False,
+    )
+    assert [(s.name, s.value) for s in insync.synonyms] == [("min.insync.replicas", "1")]
+    assert [(s.name, s.value) for s in configs["segment.ms"].synonyms] == [
+        ("log.roll.ms", "604800000")
+    ]
+    tiered = configs["remote.storage.enable"]
+    assert (tiered.value, tiered.config_source, tiered.synonyms) == (
+        "false",
+        ConfigSource.DEFAULT_CONFIG,
+        (),
+    )
     if version >= 3:
         assert retention.config_type == ConfigType.LONG
         assert configs["cleanup.policy"].config_type == ConfigType.LIST
-        assert "may be deleted" in retention.documentation
+        assert configs["min.cleanable.dirty.ratio"].config_type == ConfigType.DOUBLE
+        assert tiered.config_type == ConfigType.BOOLEAN
+        assert "KafScale: enforced." in retention.documentation
+        assert "KafScale: accepted without effect. KafScale keeps no replicas" in (
+            insync.documentation
+        )
 
 
 @pytest.mark.parametrize("version", [1, 4])
@@ -284,8 +298,9 @@ def test_alter_configs_replaces_the_topics_configs(version: int) -> None:
 @pytest.mark.parametrize(
     ("configs", "error", "named"),
     [
-        ({"segment.ms": "1000"}, ErrorCode.invalid_config, "segment.ms"),
+        ({"segment.ms": "0"}, ErrorCode.invalid_config, "segment.ms"),
         ({"no.such.config": "1"}, ErrorCode.invalid_config, "no.such.config"),
+        ({"message.format.version": "3.0"}, ErrorCode.invalid_config, "message.format.version"),
         ({"segment.bytes": "1024"}, ErrorCode.invalid_config, "segment.bytes"),
         ({"cleanup.policy": "compact"}, ErrorCode.invalid_config, "cleanup.policy"),
     ],
@@ -360,12 +375,35 @@ def test_incremental_alter_configs(version: int) -> None:
     }
 
 
+def test_incremental_alter_configs_of_configs_without_effect_and_an_emptied_list() -> None:
+    broker = admin_broker()
+    changes: list[tuple[str, int, str | None]] = [
+        ("min.insync.replicas", SET, "2"),
+        ("file.delete.delay.ms", SET, "1000"),
+        ("cleanup.policy", SUBTRACT, "delete"),
+    ]
+    request = incremental_request(1, (TOPIC, "orders", changes))
+    assert call(broker, request, 44).responses[0].error_code == ErrorCode.none
+    assert topics(broker)["orders"].configs == {
+        "retention.ms": "3600000",
+        "min.insync.replicas": "2",
+        "file.delete.delay.ms": "1000",
+        "cleanup.policy": "",
+    }
+    described = describe_request(4, (TOPIC, "orders", ("cleanup.policy", "min.insync.replicas")))
+    configs = {c.name: c for c in call(broker, described, 32).results[0].configs}
+    assert (configs["cleanup.policy"].value, configs["cleanup.policy"].config_source) == (
+        "",
+        ConfigSource.DYNAMIC_TOPIC_CONFIG,
+    )
+    assert configs["min.insync.replicas"].value == "2"
+
+
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
         ([("retention.ms", APPEND, "5")], ErrorCode.invalid_config, "type is not LIST"),
         ([("cleanup.policy", APPEND, "compact")], ErrorCode.invalid_config, "cleanup.policy"),
-        ([("cleanup.policy", SUBTRACT, "delete")], ErrorCode.invalid_config, "cleanup.policy"),
         ([("retention.ms", SET, None)], ErrorCode.invalid_request, "Null value"),
         (
             [("retention.ms", SET, "1"), ("retention.ms", DELETE, None)],
@@ -373,7 +411,7 @@ def test_incremental_alter_configs(version: int) -> None:
             "duplicate",
         ),
         ([("retention.ms", 9, "1")], ErrorCode.invalid_request, "operation"),
-        ([("min.insync.replicas", SET, "2")], ErrorCode.invalid_config, "min.insync.replicas"),
+        ([("min.insync.replicas", SET, "0")], ErrorCode.invalid_config, "min.insync.replicas"),
     ],
 )
 def test_incremental_alter_configs_refusals(

@@ -101,7 +101,7 @@ def test_the_rule_classifies_the_settings() -> None:
     assert not any(s.secret and s.internal for s in SETTINGS)
     # A topic config's broker synonym is always a config a client may see.
     internal_fields = {s.field for s in SETTINGS if s.internal}
-    assert not {c.broker_setting for c in topic_configs.SUPPORTED.values()} & internal_fields
+    assert not {c.broker_setting for c in topic_configs.CONFIGS.values()} & internal_fields
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.env)
