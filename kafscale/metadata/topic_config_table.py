@@ -277,7 +277,8 @@ CONFIGS: dict[str, TopicConfig] = {
         TopicConfig(
             "remote.storage.enable", BOOLEAN, "false", None, None,
             "Whether the topic's older segments are tiered to remote storage.",
-            WITHOUT_EFFECT, _TIERING,
+            WITHOUT_EFFECT, f"{_TIERING} Only false is accepted: true is refused as Kafka "
+            "refuses it with tiered storage off in the broker.",
         ),
         TopicConfig(
             "local.retention.ms", LONG, "-2", v.at_least(-2), "log.local.retention.ms",

@@ -81,6 +81,13 @@ def validate(configs: Mapping[str, str | None]) -> dict[str, str]:
     except InvalidConfig as exc:
         raise InvalidTopicConfig(str(exc)) from None
     _check_compaction_lags(parsed)
+    if parsed.get("remote.storage.enable") is True:
+        # Kafka's LogConfig.validateRemoteStorageOnlyIfSystemEnabled, with tiering off in the
+        # broker: KafScale has no second tier (the object store is the only one).
+        raise InvalidTopicConfig(
+            "Tiered Storage functionality is disabled in the broker. Topic cannot be "
+            "configured with remote log storage."
+        )
     return checked
 
 

@@ -48,7 +48,6 @@ def test_confluent_kafka_creates_alters_and_describes_kafkas_topic_configs(
         "unclean.leader.election.enable": "true",
         "min.cleanable.dirty.ratio": "0.25",
         "leader.replication.throttled.replicas": "*",
-        "remote.storage.enable": "true",
     }
     admin.create_topics([NewTopic("tuned", 1, 1, config=tuned)])["tuned"].result(30)
     described = confluent_configs(admin, ResourceType.TOPIC, "tuned")

@@ -48,7 +48,7 @@ VALID = {
     "message.timestamp.after.max.ms": LONG_MAX,
     "leader.replication.throttled.replicas": "0:1,1:2",
     "follower.replication.throttled.replicas": "*",
-    "remote.storage.enable": "true",
+    "remote.storage.enable": "false",
     "local.retention.ms": "-2",
     "local.retention.bytes": "1024",
     "remote.log.copy.disable": "false",
@@ -403,3 +403,11 @@ def test_append_to_a_non_list_config_is_an_invalid_config() -> None:
 def test_malformed_alterations(changes: list[tuple[str, int, str | None]], match: str) -> None:
     with pytest.raises(InvalidAlteration, match=re.escape(match)):
         topic_configs.altered({}, changes)
+
+
+def test_remote_storage_is_refused_as_kafka_refuses_it_with_tiering_off() -> None:
+    with pytest.raises(topic_configs.InvalidTopicConfig, match="Tiered Storage functionality"):
+        topic_configs.validate({"remote.storage.enable": "true"})
+    assert topic_configs.validate({"remote.storage.enable": "FALSE"}) == {
+        "remote.storage.enable": "FALSE"
+    }
