@@ -134,6 +134,10 @@ class SegmentRecord(msgspec.Struct, frozen=True):
     object: str = ""  # the write-ahead object holding this chunk; "" for a segment
     position: int = 0  # where the chunk's batches start in ``object``
     codec: int = 0  # the codec the broker applied (a chunk's; a segment's is in its header)
+    # A segment rewritten by the log cleaner (compacted topics): 1 + the generation of the
+    # segment it starts at; 0 for one never cleaned, at the spec keys. Cleaned segments are
+    # the clean section of the log (docs/design/ecosystem.md, section 4).
+    generation: int = 0
 
     @property
     def is_chunk(self) -> bool:

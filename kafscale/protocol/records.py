@@ -170,7 +170,8 @@ def batch_crc(batch: Bytes) -> int:
     return value
 
 
-def _write_crc(buf: bytearray | memoryview, pos: int, size: int) -> None:
+def write_crc(buf: bytearray | memoryview, pos: int, size: int) -> None:
+    """Give the batch of ``size`` bytes at ``pos`` the CRC32C of its bytes from attributes on."""
     crc = batch_crc(memoryview(buf)[pos : pos + size])
     FIELD_STRUCTS["crc"].pack_into(buf, pos + OFFSETS["crc"], crc)
 
@@ -200,7 +201,7 @@ def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int
         return
     FIELD_STRUCTS["attributes"].pack_into(buf, pos + OFFSETS["attributes"], attributes)
     FIELD_STRUCTS["max_timestamp"].pack_into(buf, pos + OFFSETS["max_timestamp"], timestamp_ms)
-    _write_crc(buf, pos, header.size)
+    write_crc(buf, pos, header.size)
 
 
 def set_max_timestamp(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
@@ -209,7 +210,7 @@ def set_max_timestamp(buf: bytearray | memoryview, pos: int, timestamp_ms: int) 
     header = read_header(buf, pos)
     if timestamp_ms != header.max_timestamp:
         FIELD_STRUCTS["max_timestamp"].pack_into(buf, pos + OFFSETS["max_timestamp"], timestamp_ms)
-        _write_crc(buf, pos, header.size)
+        write_crc(buf, pos, header.size)
 
 
 def compress_batch(batch: Bytes, codec: int, level: int | None = None) -> bytes:
@@ -228,7 +229,7 @@ def compress_batch(batch: Bytes, codec: int, level: int | None = None) -> bytes:
     attributes = header.attributes & ~CODEC_MASK | codec
     FIELD_STRUCTS["attributes"].pack_into(out, OFFSETS["attributes"], attributes)
     FIELD_STRUCTS["batch_length"].pack_into(out, OFFSETS["batch_length"], len(out) - LOG_OVERHEAD)
-    _write_crc(out, 0, len(out))
+    write_crc(out, 0, len(out))
     return bytes(out)
 
 
@@ -246,6 +247,14 @@ def iter_records(batch: Bytes, limit: int | None = None) -> Iterator[Record]:
     for every record when the bit is set). Raise CorruptRecordBatch, or CorruptCompressedData, if
     the records do not parse or do not fill the records section exactly; decompression stops at
     ``limit`` bytes as in ``decompress_records``."""
+    for record, _ in iter_raw_records(batch, limit):
+        yield record
+
+
+def iter_raw_records(batch: Bytes, limit: int | None = None) -> Iterator[tuple[Record, memoryview]]:
+    """``iter_records`` with each record's own bytes in the (decompressed) records section,
+    length prefix included: written back unchanged behind the same batch header fields (base
+    offset, base timestamp), they keep their offsets and timestamps."""
     view = memoryview(batch).toreadonly()  # kio's native readers refuse writable buffers
     header = read_header(view)
     if header.size != len(view):
@@ -256,8 +265,9 @@ def iter_records(batch: Bytes, limit: int | None = None) -> Iterator[Record]:
     )
     pos = 0
     for _ in range(header.records_count):
-        record, pos = _read_record(body, pos, header, append_time)
-        yield record
+        record, end = _read_record(body, pos, header, append_time)
+        yield record, body[pos:end]
+        pos = end
     if pos != len(body):
         raise CorruptRecordBatch(f"{len(body) - pos} bytes follow the batch's last record")
 
@@ -331,7 +341,7 @@ def build_batch(
     base_timestamp = records[0][3]
     body = io.BytesIO()
     for offset_delta, (key, value, headers, timestamp) in enumerate(records):
-        _write_record(body, offset_delta, timestamp - base_timestamp, key, value, headers)
+        write_record(body, offset_delta, timestamp - base_timestamp, key, value, headers)
     attributes = (
         (TIMESTAMP_TYPE_MASK if timestamp_type == TimestampType.LOG_APPEND_TIME else 0)
         | (TRANSACTIONAL_MASK if is_transactional else 0)
@@ -353,11 +363,11 @@ def build_batch(
         records_count=len(records),
     )
     out = bytearray(header.pack()) + body.getbuffer()
-    _write_crc(out, 0, len(out))
+    write_crc(out, 0, len(out))
     return compress_batch(out, codec)
 
 
-def _write_record(
+def write_record(
     out: io.BytesIO,
     offset_delta: int,
     timestamp_delta: int,
@@ -365,6 +375,7 @@ def _write_record(
     value: bytes | None,
     headers: Sequence[tuple[str, bytes | None]],
 ) -> None:
+    """One record, length prefix first, as DefaultRecord.writeTo writes it."""
     record = io.BytesIO()
     record.write(b"\x00")  # attributes
     write_signed_varlong(record, timestamp_delta)

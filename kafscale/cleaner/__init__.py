@@ -1,0 +1,1 @@
+"""The log cleaner of compacted topics (docs/design/ecosystem.md, section 4)."""
