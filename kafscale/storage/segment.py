@@ -30,12 +30,20 @@ kamir/kafscale: pkg/storage/segment.go, index.go, types.go, recordbatch.go, log.
   batch, then one at the next batch that starts once ``interval`` records were passed since the
   last entry (``IndexBuilder.MaybeAdd``). The Go broker uses an interval of 100 records.
 
+Cleaned segments (compacted topics, docs/design/ecosystem.md, section 4) are KafScale's extension:
+header flag ``FLAG_CLEANED`` (bit 8; the low bits still name the codec). Their batches keep their
+offsets with gaps between and inside them, so the header's base offset and the footer's last
+offset give the range of offsets the segment covers (those of the segments it replaced), and
+may hold no batch at all. Such a segment lives at a key of its own generation,
+``segment-{base}.g{n}.kfs`` (generation 0 is the spec key), so a cleaning never overwrites what
+a reader may be reading.
+
 Invariants checked by ``parse_segment(verify=True)``, all reported as ``CorruptSegment``: both
 magics, version 1, exact batch framing (magic 2, lengths inside the body, nothing left over), each
 batch's own CRC32C, the footer CRC32C, offsets contiguous from the header's base offset to the
-footer's last offset, and the header's record count. Not covered by any checksum of the format:
-the header's flags, created timestamp and reserved field, and the whole index (check an index
-against its segment with ``rebuild_index``).
+footer's last offset (cleaned: increasing, within them), and the header's record count. Not
+covered by any checksum of the format: the header's flags, created timestamp and reserved field,
+and the whole index (check an index against its segment with ``rebuild_index``).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ FOOTER_MAGIC = b"END!"
 INDEX_MAGIC = b"IDX\x00"
 FORMAT_VERSION = 1
 DEFAULT_INDEX_INTERVAL = 100  # records between index entries, as the Go broker configures it
+FLAG_CLEANED = 0x0100  # a segment the log cleaner wrote: offsets with gaps, maybe no batch
 
 CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = range(5)
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
@@ -114,6 +123,7 @@ class SegmentKey(NamedTuple):
     partition: int
     base_offset: int
     kind: Literal["kfs", "index"]
+    generation: int = 0  # > 0: written by the log cleaner
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +166,8 @@ class Index:
 
 _KEY = re.compile(
     r"(?P<namespace>[^/]+)/(?P<topic>[^/]+)/(?P<partition>0|[1-9][0-9]*)"
-    r"/segment-(?P<base_offset>[0-9]{20})\.(?P<kind>kfs|index)"
+    r"/segment-(?P<base_offset>[0-9]{20})(?:\.g(?P<generation>[1-9][0-9]{0,9}))?"
+    r"\.(?P<kind>kfs|index)"
 )
 
 
@@ -170,19 +181,29 @@ def segment_prefix(namespace: str, topic: str, partition: int) -> str:
     return f"{namespace}/{topic}/{partition}/"
 
 
-def _object_key(namespace: str, topic: str, partition: int, base_offset: int, kind: str) -> str:
+def _object_key(
+    namespace: str, topic: str, partition: int, base_offset: int, kind: str, generation: int
+) -> str:
     if not 0 <= base_offset <= _INT64_MAX:
         raise ValueError(f"invalid base offset {base_offset}")
+    if not 0 <= generation <= _INT32_MAX:
+        raise ValueError(f"invalid generation {generation}")
     # 20 digits: lexicographic key order is offset order (and what the Go broker writes)
-    return f"{segment_prefix(namespace, topic, partition)}segment-{base_offset:020d}.{kind}"
+    cleaned = f".g{generation}" if generation else ""
+    prefix = segment_prefix(namespace, topic, partition)
+    return f"{prefix}segment-{base_offset:020d}{cleaned}.{kind}"
 
 
-def segment_key(namespace: str, topic: str, partition: int, base_offset: int) -> str:
-    return _object_key(namespace, topic, partition, base_offset, "kfs")
+def segment_key(
+    namespace: str, topic: str, partition: int, base_offset: int, generation: int = 0
+) -> str:
+    return _object_key(namespace, topic, partition, base_offset, "kfs", generation)
 
 
-def index_key(namespace: str, topic: str, partition: int, base_offset: int) -> str:
-    return _object_key(namespace, topic, partition, base_offset, "index")
+def index_key(
+    namespace: str, topic: str, partition: int, base_offset: int, generation: int = 0
+) -> str:
+    return _object_key(namespace, topic, partition, base_offset, "index", generation)
 
 
 def parse_segment_key(key: str) -> SegmentKey | None:
@@ -194,7 +215,10 @@ def parse_segment_key(key: str) -> SegmentKey | None:
     if partition > _INT32_MAX or base_offset > _INT64_MAX:
         return None
     kind: Literal["kfs", "index"] = "kfs" if match["kind"] == "kfs" else "index"
-    return SegmentKey(match["namespace"], match["topic"], partition, base_offset, kind)
+    generation = int(match["generation"] or 0)
+    if generation > _INT32_MAX:
+        return None
+    return SegmentKey(match["namespace"], match["topic"], partition, base_offset, kind, generation)
 
 
 # --- batches ----------------------------------------------------------------------------------
@@ -224,11 +248,17 @@ def build_segment(
     created_ms: int,
     *,
     index_interval: int = DEFAULT_INDEX_INTERVAL,
+    covers: tuple[int, int] | None = None,
 ) -> tuple[bytes, bytes]:
     """The ``.kfs`` and ``.index`` bytes of ``batches`` (complete v2 batches, offsets assigned
-    and contiguous). Batch bytes are copied once, into the segment, which is then parsed and
-    verified like any reader would: ValueError if it would not pass."""
-    if not batches or any(len(batch) < BATCH_HEADER_SIZE for batch in batches):
+    and contiguous; with ``FLAG_CLEANED`` in ``flags``, increasing within ``covers``, the
+    (base, last) offsets the segment stands for, and possibly none). Batch bytes are copied
+    once, into the segment, which is then parsed and verified like any reader would:
+    ValueError if it would not pass."""
+    cleaned = bool(flags & FLAG_CLEANED)
+    if cleaned != (covers is not None):
+        raise ValueError("a cleaned segment, and only one, says which offsets it covers")
+    if (not batches and not cleaned) or any(len(b) < BATCH_HEADER_SIZE for b in batches):
         raise ValueError("a segment needs one or more batches, each with a v2 batch header")
     if not 0 <= flags <= 0xFFFF:
         raise ValueError(f"flags {flags} do not fit in 16 bits")
@@ -236,18 +266,20 @@ def build_segment(
         raise ValueError(f"index interval {index_interval} must be a positive int32")
     headers = [read_batch_header(batch) for batch in batches]
     record_count = sum(header.records_count for header in headers)
-    last_offset = headers[-1].last_offset
+    base_offset, last_offset = (
+        covers if covers is not None else (headers[0].base_offset, headers[-1].last_offset)
+    )
     if not 0 <= record_count <= _INT32_MAX or sum(map(len, batches)) > _INT32_MAX - HEADER_SIZE:
         raise ValueError("too many records or bytes for one segment (int32 count and positions)")
-    if headers[0].base_offset < 0 or last_offset > _INT64_MAX:
-        raise ValueError(f"offsets {headers[0].base_offset}..{last_offset} out of range")
+    if base_offset < 0 or last_offset > _INT64_MAX or last_offset < base_offset:
+        raise ValueError(f"offsets {base_offset}..{last_offset} out of range")
     if not -(2**63) <= created_ms <= _INT64_MAX:
         raise ValueError(f"created ms {created_ms} does not fit in an int64")
     crc = 0
     for batch in batches:
         crc = crc32c.crc32c(batch, crc)
     header = HEADER.pack(
-        SEGMENT_MAGIC, FORMAT_VERSION, flags, headers[0].base_offset, record_count, created_ms, 0
+        SEGMENT_MAGIC, FORMAT_VERSION, flags, base_offset, record_count, created_ms, 0
     )
     data = b"".join([header, *batches, _FOOTER.pack(crc, last_offset, FOOTER_MAGIC)])
     try:
@@ -260,7 +292,7 @@ def build_segment(
 # --- parsing ----------------------------------------------------------------------------------
 
 
-def _walk(view: memoryview, end: int, verify: bool) -> tuple[list[BatchSpan], int]:
+def _walk(view: memoryview, end: int, verify: bool, cleaned: bool) -> tuple[list[BatchSpan], int]:
     """The batches between the header and ``end``, and their total record count."""
     spans: list[BatchSpan] = []
     records = 0
@@ -284,7 +316,12 @@ def _walk(view: memoryview, end: int, verify: bool) -> tuple[list[BatchSpan], in
                     f"stored {header.crc:#010x}, computed {computed:#010x}"
                 )
             expected = spans[-1].last_offset + 1 if spans else None
-            if header.last_offset_delta < 0 or expected not in (None, header.base_offset):
+            follows = (
+                expected is None
+                or header.base_offset == expected
+                or (cleaned and header.base_offset > expected)
+            )
+            if header.last_offset_delta < 0 or not follows:
                 raise CorruptSegment(
                     f"{where}: offsets {header.base_offset}..{header.last_offset} "
                     f"do not continue from {expected}"
@@ -313,7 +350,7 @@ def parse_segment(data: bytes | memoryview, verify: bool = True) -> Segment:
             f"segment footer at position {size - FOOTER_SIZE}: magic {footer_magic!r}, "
             "expected b'END!' (truncated or trailing bytes?)"
         )
-    spans, records = _walk(view, size - FOOTER_SIZE, verify)
+    spans, records = _walk(view, size - FOOTER_SIZE, verify, bool(flags & FLAG_CLEANED))
     segment = Segment(
         version, flags, base_offset, record_count, created_ms, crc, last_offset, tuple(spans), view
     )
@@ -335,7 +372,8 @@ def parse_footer(footer: bytes | memoryview, key: str) -> int:
 
 def _verify_totals(segment: Segment, records: int) -> None:
     footer = len(segment.data) - FOOTER_SIZE
-    if not segment.batches:
+    cleaned = bool(segment.flags & FLAG_CLEANED)
+    if not segment.batches and not cleaned:
         raise CorruptSegment("segment holds no batches")
     computed = crc32c.crc32c(segment.body)
     if computed != segment.crc:
@@ -343,16 +381,19 @@ def _verify_totals(segment: Segment, records: int) -> None:
             f"segment footer at position {footer}: CRC32C of the batches "
             f"stored {segment.crc:#010x}, computed {computed:#010x}"
         )
+    if records != segment.record_count:
+        raise CorruptSegment(
+            f"segment header at position 16: record count {segment.record_count}, "
+            f"batches hold {records}"
+        )
+    if cleaned:
+        _verify_cleaned_range(segment, footer)
+        return
     first, last = segment.batches[0].base_offset, segment.batches[-1].last_offset
     if first != segment.base_offset:
         raise CorruptSegment(
             f"segment header at position 8: base offset {segment.base_offset}, "
             f"first batch starts at {first}"
-        )
-    if records != segment.record_count:
-        raise CorruptSegment(
-            f"segment header at position 16: record count {segment.record_count}, "
-            f"batches hold {records}"
         )
     if last != segment.last_offset:
         raise CorruptSegment(
@@ -361,16 +402,40 @@ def _verify_totals(segment: Segment, records: int) -> None:
         )
 
 
+def _verify_cleaned_range(segment: Segment, footer: int) -> None:
+    """A cleaned segment's batches lie within the offsets it covers."""
+    if segment.last_offset < segment.base_offset:
+        raise CorruptSegment(
+            f"segment footer at position {footer + 4}: last offset {segment.last_offset} "
+            f"precedes the base offset {segment.base_offset}"
+        )
+    if segment.batches and (
+        segment.batches[0].base_offset < segment.base_offset
+        or segment.batches[-1].last_offset > segment.last_offset
+    ):
+        raise CorruptSegment(
+            f"cleaned segment covering {segment.base_offset}..{segment.last_offset} holds "
+            f"batches {segment.batches[0].base_offset}..{segment.batches[-1].last_offset}"
+        )
+
+
 def read_batches(segment: Segment, start_offset: int) -> memoryview:
-    """The segment's bytes from the batch holding ``start_offset`` to the last batch's end.
+    """The segment's bytes from the first batch that ends at or after ``start_offset`` to the
+    last batch's end: the batch holding it, or, in a cleaned segment, the next one kept (none:
+    empty).
 
     Raises ValueError when the offset is outside the segment."""
-    if not segment.batches or not (
-        segment.batches[0].base_offset <= start_offset <= segment.batches[-1].last_offset
-    ):
+    if segment.flags & FLAG_CLEANED:
+        first, last = segment.base_offset, segment.last_offset
+    elif segment.batches:
+        first, last = segment.batches[0].base_offset, segment.batches[-1].last_offset
+    else:
+        first, last = 0, -1
+    if not first <= start_offset <= last:
         raise ValueError(f"offset {start_offset} is not in the segment at {segment.base_offset}")
+    end = len(segment.data) - FOOTER_SIZE
     i = bisect.bisect_left(segment.batches, start_offset, key=lambda span: span.last_offset)
-    return segment.data[segment.batches[i].position : len(segment.data) - FOOTER_SIZE]
+    return segment.data[segment.batches[i].position if i < len(segment.batches) else end : end]
 
 
 # --- index ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafscale.storage.segment import (
+    FLAG_CLEANED,
     CorruptSegment,
     Index,
     IndexEntry,
@@ -383,3 +384,55 @@ def test_keys() -> None:
     # lexicographic order is offset order
     keys = [segment_key("n", "t", 0, offset) for offset in (0, 9, 10, 100, 2**40)]
     assert sorted(keys) == keys
+
+
+# --- cleaned segments (compacted topics) ----------------------------------------------------------
+
+
+def test_a_cleaned_segment_covers_its_range_with_gaps_and_may_hold_nothing() -> None:
+    kept = [make_batch(12, [b"a", b"b"]), make_batch(20, [b"c"])]  # 12-13, 20
+    data, index = build_segment(
+        kept, flags=FLAG_CLEANED | 2, created_ms=CREATED_MS, covers=(10, 29)
+    )
+    segment = parse_segment(data)
+    assert (segment.base_offset, segment.last_offset, segment.record_count) == (10, 29, 3)
+    assert [(b.base_offset, b.last_offset) for b in segment.batches] == [(12, 13), (20, 20)]
+    assert parse_index(index).entries[0].offset == 12
+    assert bytes(read_batches(segment, 10)) == b"".join(kept)  # from the next batch kept
+    assert bytes(read_batches(segment, 14)) == kept[1]
+    assert bytes(read_batches(segment, 25)) == b""  # nothing kept after 20
+    with pytest.raises(ValueError):
+        read_batches(segment, 30)
+    empty, empty_index = build_segment([], flags=FLAG_CLEANED, created_ms=1, covers=(0, 9))
+    nothing = parse_segment(empty)
+    assert nothing.batches == () and (nothing.base_offset, nothing.last_offset) == (0, 9)
+    assert parse_index(empty_index).entries == ()
+    assert bytes(read_batches(nothing, 5)) == b""
+
+
+def test_a_cleaned_segment_still_verifies_order_and_range() -> None:
+    with pytest.raises(ValueError):  # batches out of order
+        build_segment(
+            [make_batch(20, [b"c"]), make_batch(12, [b"a"])],
+            flags=FLAG_CLEANED,
+            created_ms=1,
+            covers=(10, 29),
+        )
+    with pytest.raises(ValueError):  # a batch outside the range covered
+        build_segment([make_batch(30, [b"c"])], flags=FLAG_CLEANED, created_ms=1, covers=(10, 29))
+    with pytest.raises(ValueError):  # a gap without the flag
+        build_segment([make_batch(0, [b"a"]), make_batch(5, [b"b"])], flags=0, created_ms=1)
+    with pytest.raises(ValueError):  # the flag and the range go together
+        build_segment([make_batch(0, [b"a"])], flags=FLAG_CLEANED, created_ms=1)
+
+
+def test_cleaned_generations_have_keys_of_their_own() -> None:
+    key = segment_key("prod", "orders", 3, 42, generation=2)
+    assert key == "prod/orders/3/segment-00000000000000000042.g2.kfs"
+    assert (
+        index_key("prod", "orders", 3, 42, 2)
+        == "prod/orders/3/segment-00000000000000000042.g2.index"
+    )
+    assert parse_segment_key(key) == SegmentKey("prod", "orders", 3, 42, "kfs", 2)
+    assert parse_segment_key("prod/orders/3/segment-00000000000000000042.g0.kfs") is None
+    assert segment_key("prod", "orders", 3, 42, 0) == segment_key("prod", "orders", 3, 42)
