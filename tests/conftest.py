@@ -15,7 +15,9 @@ scripts/install-deps.sh.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -30,6 +32,13 @@ from tests.harness.kafka_tools import KafkaTools
 from tests.harness.kube import KubeControlPlane
 from tests.harness.minio import MinioServer
 from tests.harness.procs import HarnessError
+
+# One hypothesis database and Unicode charmap cache for this run and every process it starts:
+# a Python subprocess that imports kio (which imports hypothesis when it can) in a directory of
+# its own would otherwise rebuild the charmap, 4 s of CPU (kafscale.runtime).
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(__file__).resolve().parent.parent / ".hypothesis")
+)
 
 T = TypeVar("T")
 

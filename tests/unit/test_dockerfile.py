@@ -132,7 +132,7 @@ def test_the_image_runs_kafscale_serve_as_the_manifests_user() -> None:
     assert json.loads(final["ENTRYPOINT"]) == ["kafscale"]
     assert json.loads(final["CMD"]) == ["serve"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["kafscale"] == "kafscale.cli:main"
+    assert scripts["kafscale"] == "kafscale.__main__:main"
     statefulset = next(
         doc
         for doc in yaml.safe_load_all((ROOT / "k8s" / "broker.yaml").read_text())
