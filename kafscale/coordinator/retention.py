@@ -208,8 +208,8 @@ class RetentionCleaner:
                 for s in doomed
                 if not s.is_chunk
                 for key in (
-                    segments.segment_key(ns, topic.name, partition, s.base_offset),
-                    segments.index_key(ns, topic.name, partition, s.base_offset),
+                    segments.segment_key(ns, topic.name, partition, s.base_offset, s.generation),
+                    segments.index_key(ns, topic.name, partition, s.base_offset, s.generation),
                 )
             ]
         )

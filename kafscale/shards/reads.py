@@ -64,11 +64,11 @@ class SegmentRef:
     def of(cls, namespace: str, topic: str, partition: int, record: SegmentRecord) -> SegmentRef:
         if record.is_chunk:
             return cls(record, record.object, None, record.position, record.position + record.size)
-        base = record.base_offset
+        base, generation = record.base_offset, record.generation
         return cls(
             record,
-            segments.segment_key(namespace, topic, partition, base),
-            segments.index_key(namespace, topic, partition, base),
+            segments.segment_key(namespace, topic, partition, base, generation),
+            segments.index_key(namespace, topic, partition, base, generation),
             segments.HEADER_SIZE,
             record.size - segments.FOOTER_SIZE,
         )

@@ -56,6 +56,7 @@ def adopt_uncommitted(
         for info in objects.list(prefix)
         if (key := segments.parse_segment_key(info.key)) is not None
         and key.kind == "kfs"
+        and key.generation == 0  # the log cleaner's segments are never uncommitted uploads
         and key.base_offset >= high_watermark
     )
     for key in found:

@@ -17,6 +17,9 @@ its batches. Two sources, chosen by the options (never one falling back to the o
   timestamps, so timestamp bounds read segments in order until they find the answer. It sees
   spec segments only: records still in write-ahead objects (not yet compacted, which the
   broker does within ``KAFSCALE_COMPACTION_MAX_AGE_MS``) need the metadata store to be read.
+  Of a compacted topic's segments it takes, for each base offset, the newest generation the
+  log cleaner wrote, whose footer gives its last offset, and leaves out the older segments
+  inside that range (the cleaner deletes them after a grace period).
   Write-ahead objects (``{ns}/!wal/...``; ``!`` is never in a topic name) are not segments and
   never taken for a topic.
 """
@@ -42,6 +45,7 @@ from kafscale.spark.options import Selection, Storage
 from kafscale.storage import ObjectStore
 from kafscale.storage import segment as segments
 from kafscale.storage.local import LocalObjectStore
+from kafscale.storage.objects import ObjectInfo
 from kafscale.storage.s3 import S3ObjectStore
 
 log = logging.getLogger(__name__)
@@ -78,13 +82,14 @@ class SegmentInfo:
         last: int,
         size: int,
         max_timestamp: int | None,
+        generation: int = 0,
     ) -> SegmentInfo:
         return cls(
             base,
             last,
             size,
-            segments.segment_key(namespace, topic, partition, base),
-            segments.index_key(namespace, topic, partition, base),
+            segments.segment_key(namespace, topic, partition, base, generation),
+            segments.index_key(namespace, topic, partition, base, generation),
             max_timestamp,
             segments.HEADER_SIZE,
             size - segments.FOOTER_SIZE,
@@ -96,7 +101,14 @@ class SegmentInfo:
         base, last = record.base_offset, record.last_offset
         if not record.is_chunk:
             return cls.segment(
-                namespace, topic, partition, base, last, record.size, record.max_timestamp
+                namespace,
+                topic,
+                partition,
+                base,
+                last,
+                record.size,
+                record.max_timestamp,
+                record.generation,
             )
         end = record.position + record.size
         return cls(
@@ -265,22 +277,28 @@ class ListingCatalog:
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
         prefix = segments.segment_prefix(self.namespace, topic, partition)
-        listed = []
+        newest: dict[int, tuple[int, ObjectInfo]] = {}  # base -> (generation, object)
         for info in self.objects.list(prefix):
             parsed = segments.parse_segment_key(info.key)
-            if parsed is not None and parsed.kind == "kfs" and parsed.partition == partition:
-                listed.append((parsed.base_offset, info))
-        listed.sort(key=lambda item: item[0])
-        found = []
-        for i, (base, info) in enumerate(listed):
-            if i + 1 < len(listed):
-                last = listed[i + 1][0] - 1
-            else:
+            if parsed is None or parsed.kind != "kfs" or parsed.partition != partition:
+                continue
+            if parsed.generation >= newest.get(parsed.base_offset, (-1, info))[0]:
+                newest[parsed.base_offset] = (parsed.generation, info)
+        listed = sorted(newest.items())
+        found: list[SegmentInfo] = []
+        for i, (base, (generation, info)) in enumerate(listed):
+            if found and base <= found[-1].last_offset:
+                continue  # replaced by a cleaned segment whose deletion is still due
+            if generation or i + 1 == len(listed):
                 last = self._footer_last_offset(info.key, info.size)
+            else:
+                last = listed[i + 1][0] - 1
             if last < base:
                 raise CatalogError(f"{info.key}: ends at offset {last}, before its base {base}")
             found.append(
-                SegmentInfo.segment(self.namespace, topic, partition, base, last, info.size, None)
+                SegmentInfo.segment(
+                    self.namespace, topic, partition, base, last, info.size, None, generation
+                )
             )
         log_start = found[0].base_offset if found else 0
         high_watermark = found[-1].end_offset if found else 0

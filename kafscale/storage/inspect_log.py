@@ -30,7 +30,7 @@ def _entry(namespace: str, topic: str, partition: int, entry: SegmentRecord) -> 
             f"codec {fmt.CODEC_NAMES.get(entry.codec, 'unknown')}"
         )
     else:
-        key = fmt.segment_key(namespace, topic, partition, entry.base_offset)
+        key = fmt.segment_key(namespace, topic, partition, entry.base_offset, entry.generation)
         where = f"segment {key}, {entry.size} bytes (index {entry.index_size} bytes)"
     return (
         f"{offsets}: {where}, {entry.records} records, "

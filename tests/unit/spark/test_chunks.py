@@ -145,3 +145,27 @@ def test_a_segment_record_of_the_previous_version_is_read_as_a_segment(tmp_path:
     assert (first.key, first.is_chunk, first.start) == (kfs, False, segments.HEADER_SIZE)
     slices = plan(read_options(tmp_path), catalog, objects)
     assert [r["offset"] for r in rows(objects, slices[:1])] == list(range(100))
+
+
+def test_the_listing_takes_the_newest_cleaned_generation_over_what_it_replaced(
+    tmp_path: Path,
+) -> None:
+    objects = LocalObjectStore(str(tmp_path / "segments"))
+
+    def put(
+        base: int, offsets: list[int], generation: int = 0, covers: tuple[int, int] | None = None
+    ) -> None:
+        batches = [records.build_batch([(b"k%d" % o, b"v", (), 1)], base_offset=o) for o in offsets]
+        flags = segments.FLAG_CLEANED if covers else 0
+        kfs, index = segments.build_segment(batches, flags, 1, covers=covers)
+        objects.put_if_absent(segments.segment_key(NS, TOPIC, 0, base, generation), kfs)
+        objects.put_if_absent(segments.index_key(NS, TOPIC, 0, base, generation), index)
+
+    put(0, [0, 1, 2, 3, 4])
+    put(5, [5, 6, 7, 8, 9])
+    put(10, [10, 11])
+    put(0, [3, 7], generation=1, covers=(0, 9))  # cleaned 0-9; 0 and 5 not yet deleted
+    log = ListingCatalog(objects, NS).partition(TOPIC, 0)
+    assert [(s.base_offset, s.last_offset) for s in log.segments] == [(0, 9), (10, 11)]
+    assert log.segments[0].key == segments.segment_key(NS, TOPIC, 0, 0, 1)
+    assert log.high_watermark == 12
