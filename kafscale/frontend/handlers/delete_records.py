@@ -99,6 +99,16 @@ def _response(
     assert schema is not None
     partition_class = nested(schema, "DeleteRecordsPartitionResult")
     topic_class = nested(schema, "DeleteRecordsTopicResult")
+
+    def answer(topic: str, index: int) -> object:
+        result = results[(topic, index)]
+        return build(
+            partition_class,
+            partition_index=index,
+            low_watermark=result.log_start_offset,
+            error_code=ErrorCode(result.error_code),
+        )
+
     return build(
         schema,
         throttle_time=datetime.timedelta(0),
@@ -107,17 +117,7 @@ def _response(
                 topic_class,
                 name=topic.name,
                 partitions=tuple(
-                    build(
-                        partition_class,
-                        partition_index=wanted.partition_index,
-                        low_watermark=results[
-                            (topic.name, int(wanted.partition_index))
-                        ].log_start_offset,
-                        error_code=ErrorCode(
-                            results[(topic.name, int(wanted.partition_index))].error_code
-                        ),
-                    )
-                    for wanted in topic.partitions
+                    answer(topic.name, int(p.partition_index)) for p in topic.partitions
                 ),
             )
             for topic in request.topics
