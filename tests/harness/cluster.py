@@ -83,10 +83,17 @@ def wait_for_leaders(
     brokers: list[Any], live: set[int], timeout: float = 60
 ) -> dict[int, tuple[int, int]]:
     """Every partition led by a broker of ``live``, and every broker of ``brokers`` agreeing."""
+    from confluent_kafka import KafkaException
+
     deadline = time.monotonic() + timeout
-    seen: list[dict[int, tuple[int, int]]] = []
+    seen: list[dict[int, tuple[int, int]]] | str = []
     while time.monotonic() < deadline:
-        seen = [leaders_seen_by(broker) for broker in brokers]
+        try:
+            seen = [leaders_seen_by(broker) for broker in brokers]
+        except KafkaException as exc:  # a broker restarting its frontends: not settled yet
+            seen = str(exc)
+            time.sleep(0.5)
+            continue
         first = seen[0]
         if (
             len(first) == PARTITIONS

@@ -1,11 +1,11 @@
-"""DescribeLogDirs (key 35), v1-v5: the log dirs of this broker and the partitions in them.
+"""DescribeLogDirs (key 35), v1-v4: the log dirs of this broker and the partitions in them.
 
 What ``kafka-log-dirs --describe`` and ``Admin.describeLogDirs`` ask each broker. A KafScale
 broker has one log dir, the object store location of its data, holding the partitions it leads,
 each with the bytes of its committed entries (``kafscale.frontend.log_dirs``, read on a thread).
-``offset_lag`` is 0 and ``is_future_key`` false (no replicas, no directory moves); the dir is
-never cordoned (v5). Asked topics or partitions this broker does not lead are left out, as Kafka
-leaves out partitions it does not host. DESCRIBE on the cluster is required: without it the
+``offset_lag`` is 0 and ``is_future_key`` false (no replicas, no directory moves). Asked topics
+or partitions this broker does not lead are left out, as Kafka leaves out partitions it does not
+host. DESCRIBE on the cluster is required: without it the
 answer has no dirs and, from v3, CLUSTER_AUTHORIZATION_FAILED. A broker whose metadata store
 cannot be read answers its dir with KAFKA_STORAGE_ERROR. docs/design/ecosystem.md, section 3.
 """
@@ -21,7 +21,6 @@ from kio.schema.describe_log_dirs.v1.request import DescribeLogDirsRequest as V1
 from kio.schema.describe_log_dirs.v2.request import DescribeLogDirsRequest as V2
 from kio.schema.describe_log_dirs.v3.request import DescribeLogDirsRequest as V3
 from kio.schema.describe_log_dirs.v4.request import DescribeLogDirsRequest as V4
-from kio.schema.describe_log_dirs.v5.request import DescribeLogDirsRequest as V5
 
 from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
@@ -31,11 +30,13 @@ from kafscale.protocol.codec import build, nested, response_schema
 from kafscale.protocol.errors import ErrorCode
 
 API_KEY = 35
-MIN_VERSION, MAX_VERSION = 1, 5
+# v5 (cordoned log dirs) is Kafka 4.3's; offering it makes kafka-python take the broker for a
+# 4.3 one, with Produce v13 and ListOffsets v11, which it is not.
+MIN_VERSION, MAX_VERSION = 1, 4
 
 log = logging.getLogger(__name__)
 
-Request = V1 | V2 | V3 | V4 | V5
+Request = V1 | V2 | V3 | V4
 
 
 async def handle(ctx: RequestContext, request: Request) -> object:
