@@ -3,11 +3,15 @@
 ``open_object_store`` returns S3 when ``KAFSCALE_S3_BUCKET`` is set, else the embedded directory
 ``{KAFSCALE_DATA_DIR}/segments``. It never falls back from one to the other. The namespace prefix
 (``KAFSCALE_S3_NAMESPACE``) is not applied here: callers build full keys.
+
+The S3 backend (boto3, a quarter of a second to import) is imported when first used: every
+process of a broker imports this package, and on the embedded backend none of them needs it.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from kafscale.config import Config
 from kafscale.storage.local import LocalObjectStore
@@ -18,7 +22,9 @@ from kafscale.storage.objects import (
     ObjectStoreError,
     ObjectStoreUnavailable,
 )
-from kafscale.storage.s3 import S3ObjectStore
+
+if TYPE_CHECKING:
+    from kafscale.storage.s3 import S3ObjectStore
 
 __all__ = [
     "LocalObjectStore",
@@ -35,6 +41,8 @@ __all__ = [
 def open_object_store(config: Config) -> ObjectStore:
     """The configured object store (not yet checked: call ``check()`` to verify it answers)."""
     if config.uses_s3:
+        from kafscale.storage.s3 import S3ObjectStore
+
         return S3ObjectStore(
             bucket=config.s3_bucket,
             region=config.s3_region,
@@ -46,3 +54,11 @@ def open_object_store(config: Config) -> ObjectStore:
             ca_file=config.s3_ca_file or None,
         )
     return LocalObjectStore(os.path.join(config.data_dir, "segments"))
+
+
+def __getattr__(name: str) -> object:
+    if name == "S3ObjectStore":
+        from kafscale.storage.s3 import S3ObjectStore
+
+        return S3ObjectStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
