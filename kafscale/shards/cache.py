@@ -6,18 +6,24 @@ Both are least-recently-used caches bounded by bytes. Each shard has its own pai
 exactly one shard, so an entry is cached once per broker and the per-broker totals hold.
 
 An entry is a spec segment or a chunk of a write-ahead object; its key is (topic id, partition,
-base offset, the chunk's object or "" for a segment), so a segment that replaced chunks (at the
-first chunk's base offset) is never mistaken for the chunk. L1 values are ``Chunk``s (the name
-of the cache's unit, not of a write-ahead chunk): a run of whole batches of one entry, with where
-each batch starts and which offsets it ends at, so a fetch slices out the batches it needs
-without decoding or copying anything. A ``Chunk`` is either a whole entry (read in full, or the
-buffer the shard just committed) or the part of one a ranged read brought in; an entry may have
-several partial ones.
+base offset, the chunk's object, or "" for a segment, "g{n}" for a segment of the log cleaner's
+generation n), so a segment that replaced chunks (at the first chunk's base offset) is never
+mistaken for the chunk, nor a cleaned segment (fewer records) for the one it replaced. L1 values
+are ``Chunk``s (the name of the cache's unit, not of a write-ahead chunk): a run of whole batches
+of one entry, with where each batch starts and which offsets it ends at, so a fetch slices out
+the batches it needs without decoding or copying anything. A ``Chunk`` is either a whole entry
+(read in full, or the buffer the shard just committed) or the part of one a ranged read brought
+in; an entry may have several partial ones.
 
 A fetch whose entry ends before its ``max_bytes`` goes on into the entries after it while they
 are cached (``Chunk.gather``): their batches are copied behind its own into one ``Chunk`` that
 lives only as long as the answer; nothing is read for it (read-ahead does that). Without
 anything to add, the cached chunk itself is answered, uncopied.
+
+A segment of a compacted topic, once cleaned, has gaps: the offsets of the records the cleaner
+removed, anywhere, also before its first batch and after its last; it may have no batch at all
+(docs/design/ecosystem.md, section 4.4). A ``Chunk`` of it still begins at the first offset it
+covers, and a fetch takes the batches from the first one that ends at or after its offset.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from kafscale.storage.segment import Index
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-# topic id, partition, entry base offset, the chunk's object ("" for a segment)
+# topic id, partition, entry base offset, the chunk's object ("" for a segment, "g{n}" for a
+# cleaned one)
 SegmentKey = tuple[str, int, int, str]
 
 
@@ -94,7 +101,8 @@ class Chunk:
     back to back in ``data``.
 
     ``starts[i]`` is where batch ``i`` begins in ``data`` and ``lasts[i]`` its last offset; the
-    first batch begins at ``first_offset``. ``complete`` says the chunk is the whole entry."""
+    first batch begins at ``first_offset`` (in a cleaned segment: at or after it). ``complete``
+    says the chunk is the whole entry (a cleaned segment's may hold no batch)."""
 
     data: bytes | memoryview
     first_offset: int
@@ -110,7 +118,8 @@ class Chunk:
         return len(self.data)
 
     def holds(self, offset: int) -> bool:
-        return self.first_offset <= offset <= self.lasts[-1]
+        """Whether the chunk begins at or before ``offset`` and a batch ends at or after it."""
+        return bool(self.lasts) and self.first_offset <= offset <= self.lasts[-1]
 
     def batches_from(self, offset: int, max_bytes: int) -> memoryview:
         """The batches from the one holding ``offset``: as many as fit in ``max_bytes``, and at
@@ -223,7 +232,8 @@ class PartitionName(Protocol):
 
 def entry_key(partition: PartitionName, entry: SegmentRecord) -> SegmentKey:
     """The caches' key of a partition's entry."""
-    return (partition.topic_id, partition.partition, entry.base_offset, entry.object)
+    name = entry.object or (f"g{entry.generation}" if entry.generation else "")
+    return (partition.topic_id, partition.partition, entry.base_offset, name)
 
 
 class EntryCache:
@@ -252,6 +262,15 @@ class EntryCache:
             if chunk.holds(offset) and chunk.begins(offset) is not None:
                 return chunk
         return None
+
+    def passed(self, key: SegmentKey, offset: int) -> bool:
+        """Whether the whole entry ``key`` is cached and holds no batch ending at or after
+        ``offset`` (the tail of a cleaned segment, or one left with no batch): a fetch goes on
+        to the next entry."""
+        return any(
+            c.complete and (not c.lasts or c.lasts[-1] < offset)
+            for c in self.segments.get(key) or ()
+        )
 
     def holds_whole(self, key: SegmentKey) -> bool:
         return any(c.complete for c in self.segments.peek(key) or ())

@@ -15,6 +15,10 @@ Where a fetch at offset O is served from:
   bounded). When the batches found end before the partition's ``max_bytes`` (small chunks of a
   partition written slowly), the fetch goes on into the following entries as far as L1 holds
   them (``Chunk.gather``: one copy, bounded by ``max_bytes``), never waiting for S3 for them.
+- A segment of a compacted topic that the log cleaner rewrote has gaps: the fetch is answered
+  from the first batch ending at or after O, and when the entry has none (its tail was cleaned
+  away, or all of it) the lookup goes on at the next entry's base offset (``Part.at``), as far as
+  the visible end; the answer then begins after O, as Kafka's does on a compacted log.
 - A chunk whose object is gone (compacted into a segment and collected after the entry list was
   loaded) makes the shard reload the partition's entries from the metadata store, on a reader
   thread, and read again once. When chunks are compacted (``compacted``), their cached batches
@@ -83,6 +87,7 @@ class Part:
 
     offset: int
     max_bytes: int
+    at: int = -1  # where the entry is looked up: the offset, or past entries cleaned empty there
     error: ErrorCode = ErrorCode.none
     message: str | None = None
     high_watermark: int = -1
@@ -225,31 +230,46 @@ class ReadPath:
                 f"offset {offset} is outside the log "
                 f"[{partition.log_start_offset}, {partition.next_offset}]"
             )
-        elif offset >= end:
-            pass  # nothing to read yet
-        elif offset >= partition.high_watermark:
-            buffered = partition.buffered(offset)
-            assert buffered is not None, "offsets between HW and the log end are buffered"
-            part.chunk = buffered.chunk(offset, entry.max_bytes)
         else:
-            self._plan_committed(op, partition, part)
+            self._plan_at(op, partition, part, offset)
         return part
 
-    def _plan_committed(self, op: FetchOp, partition: PartitionLog, part: Part) -> None:
-        segment = self._segment(partition, part.offset, part)
+    def _plan_at(self, op: FetchOp, partition: PartitionLog, part: Part, at: int) -> None:
+        """Answer ``part`` from offset ``at`` on (its offset, or past entries it had no batch
+        in): nothing yet, buffered batches, or a committed entry's."""
+        following: int | None = at
+        while following is not None:
+            part.at = following
+            if part.at >= self.visible_end(partition):
+                return  # nothing to read yet
+            if part.at >= partition.high_watermark:
+                buffered = partition.buffered(part.at)
+                assert buffered is not None, "offsets between HW and the log end are buffered"
+                part.chunk = buffered.chunk(part.at, part.max_bytes)
+                return
+            following = self._plan_committed(op, partition, part)
+
+    def _plan_committed(self, op: FetchOp, partition: PartitionLog, part: Part) -> int | None:
+        """Answer ``part`` from the committed entry holding ``part.at``, cached or read; or,
+        when the cache says it has no batch from there on (cleaned), the offset to go on at."""
+        segment = self._segment(partition, part.at, part)
         if segment is None:
-            return
+            return None
         key = entry_key(partition, segment)
-        chunk = self.cache.cached(key, part.offset)
+        chunk = self.cache.cached(key, part.at)
         if chunk is not None:
             self._serve(op, partition, part, chunk)
-            return
+            return None
+        if self.cache.passed(key, part.at):
+            return segment.last_offset + 1
         if self.refused(part):
-            return
+            return None
         ref = SegmentRef.of(self.namespace, partition.topic, partition.partition, segment)
         index = self.cache.index(key) if ref.index_key is not None else None
 
-        def done(result: tuple[Index | None, Chunk] | None, error: BaseException | None) -> None:
+        def done(
+            result: tuple[Index | None, Chunk | None] | None, error: BaseException | None
+        ) -> None:
             if self.chunk_gone(segment, error) and not part.reloaded:
                 part.reloaded = True
                 self.gate.answered()
@@ -263,19 +283,23 @@ class ReadPath:
                 if index is None and fetched_index is not None:
                     self.cache.put_index(key, fetched_index, segment.index_size)
                 self.healthy()
-                self.cache.store(key, chunk)
-                self._serve(op, partition, part, chunk)
+                if chunk is None:  # cleaned away from ``at`` to the entry's end: the next one
+                    self._plan_at(op, partition, part, segment.last_offset + 1)
+                else:
+                    self.cache.store(key, chunk)
+                    self._serve(op, partition, part, chunk)
             if op.reading == 0:
                 self._settle(op)
 
         op.reading += 1
-        self.submit(reads.read_at, (self.objects, ref, index, part.offset, part.max_bytes), done)
+        self.submit(reads.read_at, (self.objects, ref, index, part.at, part.max_bytes), done)
+        return None
 
     def _serve(self, op: FetchOp, partition: PartitionLog, part: Part, chunk: Chunk) -> None:
         """Answer ``part`` from ``chunk`` and the cached batches after it, as far as they fit in
         the partition's and the request's max_bytes; read ahead after the last entry reached."""
         limit = min(part.max_bytes, op.request.max_bytes)
-        part.chunk = chunk.gather(part.offset, limit, lambda at: self._cached_at(partition, at))
+        part.chunk = chunk.gather(part.at, limit, lambda at: self._cached_at(partition, at))
         reached = partition.segments.find(part.chunk.last_offset)
         if reached is not None:
             self._read_ahead(partition, reached)
@@ -290,7 +314,7 @@ class ReadPath:
     ) -> None:
         """After the entry list was reloaded for a chunk found gone: read once more."""
         if ok:
-            self._plan_committed(op, partition, part)
+            self._plan_at(op, partition, part, part.at)
         else:
             self.read_failed(part, f"{partition.topic}-{partition.partition}", gone)
         op.reading -= 1
@@ -305,7 +329,7 @@ class ReadPath:
             view = None
             if part.chunk is not None:
                 remaining = op.request.max_bytes - used
-                view = part.chunk.batches_from(part.offset, min(part.max_bytes, remaining))
+                view = part.chunk.batches_from(part.at, min(part.max_bytes, remaining))
                 if used > 0 and len(view) > remaining:
                     view = None  # only the first partition may exceed max_bytes
                 else:

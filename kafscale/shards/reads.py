@@ -13,7 +13,9 @@ on either.
 - ``read_at`` / ``read_range``: the batches a fetch at ``offset`` needs, with ranged GETs: from
   the index entry at or before the offset (a chunk, or a segment without index: from its first
   batch), a window of about ``max_bytes``; more only when the batch holding the offset is not
-  complete in it (a batch larger than the window, or an index entry far behind).
+  complete in it (a batch larger than the window, or an index entry far behind). In a segment
+  the log cleaner wrote, the batch holding the offset may be gone: the batches from the first
+  one ending after it, or None when no batch does (the fetch goes on to the next entry).
 - ``read_segment``: a whole entry (read-ahead, timestamp lookups), every CRC verified; a chunk
   with one ranged GET.
 - ``find_timestamp`` / ``search_segment``: ListOffsets by timestamp, the first record at or past a
@@ -136,7 +138,7 @@ def _read_chunk(objects: ObjectStore, ref: SegmentRef) -> Chunk:
 
 def read_at(
     objects: ObjectStore, ref: SegmentRef, index: Index | None, offset: int, max_bytes: int
-) -> tuple[Index | None, Chunk]:
+) -> tuple[Index | None, Chunk | None]:
     """A fetch's ranged read (``read_range``) of the batches at ``offset``, fetching a
     segment's index first if not cached. An index that is missing or corrupt is only an
     accelerator lost: read from the first batch (as for a chunk, which has none)."""
@@ -152,9 +154,10 @@ def read_at(
 
 def read_range(
     objects: ObjectStore, ref: SegmentRef, index: Index | None, offset: int, max_bytes: int
-) -> Chunk:
-    """Whole batches from the one holding ``offset``: at least that one, and the ones after it
-    that arrived in the same window. Raises CorruptSegment."""
+) -> Chunk | None:
+    """Whole batches from the one holding ``offset`` (in a cleaned segment: the first ending at
+    or after it; None if none does): at least that one, and the ones after it that arrived in
+    the same window. Raises CorruptSegment."""
     position = ref.start
     if index is not None and index.entries and index.entries[0].offset <= offset:
         position = index.lookup(offset)
@@ -163,6 +166,8 @@ def read_range(
     while True:
         if len(buf) - at < segments.BATCH_HEADER_SIZE:
             start, buf, at = start + at, buf[at:], 0
+            if ref.record.generation and start + len(buf) >= ref.end:
+                return None  # a cleaned segment's batches all end before the offset
             buf = _extend(objects, ref, start, buf, window)
         header = records.read_header(buf, at)
         if header.magic != 2 or header.size < segments.BATCH_HEADER_SIZE:

@@ -59,6 +59,7 @@ class FlakyStore:
         self.down = False
         self.gets = 0
         self.bytes = 0
+        self.keys: list[str] = []  # of every get
 
     description = "flaky"
 
@@ -67,6 +68,7 @@ class FlakyStore:
 
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         self.gets += 1
+        self.keys.append(key)
         if self.down:
             raise ObjectStoreUnavailable("the test switched the store off")
         data = self.inner.get(key, start, length)
