@@ -2,9 +2,10 @@
 
 It owns the cluster id, this broker's partitions (``owners``: claims, hand-overs, the fence of
 every commit), the topics (creation, deletion and the removal of a deleted topic's objects),
-partition commits, producer ids, and the consumer groups with their committed offsets; and, on
-the broker elected for them (``chores``), retention, the garbage collection of write-ahead
-objects and etcd's history compaction. Other processes of the broker never write metadata: they
+partition commits (also the log cleaner's), producer ids, and the consumer groups with their
+committed offsets; and, on the broker elected for them (``chores``), retention, the garbage
+collection of write-ahead objects and of cleaned segments' predecessors, and etcd's history
+compaction. Other processes of the broker never write metadata: they
 read a watched view (``kafscale.metadata.view``) or ask the coordinator.
 
 A request whose handler fails -- the metadata store or S3 unreachable, or a bug one request
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from kafscale.ipc import log_admin, messages, write_path
+from kafscale.ipc import cleaning, log_admin, messages, write_path
 from kafscale.ipc.rpc import Handler, Incoming, RpcServer, serve_until
 from kafscale.metadata import open_metadata_store, topic_configs
 from kafscale.metadata.records import Keys
@@ -29,10 +30,12 @@ from kafscale.supervisor.child import ChildContext
 from .acls import AclAdmin
 from .admin import TopicAdmin
 from .chores import Chores
+from .cleanings import CleaningCommitter
 from .commit_plan import Limits
 from .compactions import CompactionCommitter
 from .configs import ConfigAdmin
 from .credentials import CredentialAdmin
+from .garbage import GarbageCollector
 from .group_service import TICK_MS, GroupService
 from .groups import GroupSettings
 from .history import HistoryCompactor
@@ -91,6 +94,7 @@ def run(ctx: ChildContext) -> None:
         compactions = CompactionCommitter(
             store, config.s3_namespace, committer.high_watermark, owners, limits=limits
         )
+        cleanings = CleaningCommitter(store, config.s3_namespace, committer.high_watermark, owners)
         producer_ids = ProducerIdAllocator(store, config.s3_namespace)
         server = RpcServer(ctx.zmq_context, ctx.address())
         notices = ShardNotices(ctx.zmq_context, ctx.runtime_dir, config.shards)
@@ -116,6 +120,7 @@ def run(ctx: ChildContext) -> None:
         retention = RetentionCleaner(config, store, objects, ctx.zmq_context, ctx.runtime_dir)
         history = HistoryCompactor(store, config.metadata_compaction_interval_ms)
         chores = Chores(store, keys, config.broker_id, ctx.lease_id, ctx.run_id)
+        garbage = GarbageCollector(store, objects, keys)
 
         def on_idle() -> None:
             groups.tick()
@@ -125,6 +130,7 @@ def run(ctx: ChildContext) -> None:
                 if not refs.running:
                     refs.start()
                 retention.maybe_run()
+                garbage.maybe_sweep()
                 refs.sweep(now_ms)
                 if refs.ready:  # never compact the history the references' watch starts in
                     history.maybe_run(now_ms)
@@ -144,6 +150,7 @@ def run(ctx: ChildContext) -> None:
                         write_path.CommitObject: committer.handle_object,
                         write_path.CommitCompaction: compactions.handle,
                         write_path.CommitMerge: compactions.handle_merge,
+                        cleaning.CommitCleaning: cleanings.handle,
                         write_path.PartitionSealed: owners.handle_sealed,
                         messages.Drain: owners.handle_drain,
                         messages.AllocateProducerId: producer_ids.handle,

@@ -21,6 +21,7 @@ import msgspec
 
 # ``Message`` is re-exported: callers name the base class ``messages.Message``.
 from kafscale.ipc.base import Message as Message
+from kafscale.ipc.cleaning import CommitCleaning, SegmentsCleaned
 from kafscale.ipc.log_admin import LogStartMoves, MoveLogStart
 from kafscale.ipc.write_path import (
     CommitCompaction,
@@ -652,6 +653,8 @@ AnyMessage = (
     | SegmentsCompacted
     | SealPartition
     | PartitionSealed
+    | CommitCleaning
+    | SegmentsCleaned
 )
 
 _encoder = msgspec.msgpack.Encoder()

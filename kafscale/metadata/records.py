@@ -157,6 +157,15 @@ class WalRecord(msgspec.Struct, frozen=True):
     merged: bool = False  # written by the compactor's merge level: its chunks are read by range
 
 
+class GarbageRecord(msgspec.Struct, frozen=True):
+    """Objects no record refers to any more (the segments a cleaning replaced), to delete once
+    ``due_ms`` (wall clock) has passed: reads that found them before have until then to finish.
+    The chores broker deletes them, then this record (``kafscale.coordinator.garbage``)."""
+
+    objects: list[str]
+    due_ms: int
+
+
 class MemberRecord(msgspec.Struct, frozen=True):
     member_id: str
     group_instance_id: str | None
@@ -225,6 +234,7 @@ class Keys:
         self.deleting = self.root + "deleting/"
         self.leaders = self.root + "leaders/"
         self.chores = self.root + "chores"
+        self.garbage = self.root + "garbage/"
 
     def broker(self, node_id: int) -> str:
         return f"{self.brokers}{node_id}"
@@ -265,6 +275,10 @@ class Keys:
     def wal_object(self, name: str) -> str:
         """The WalRecord key of the object whose key ends with ``name`` (broker/token/seq)."""
         return self.wal_objects + name
+
+    def garbage_of(self, topic: str, partition: int, base_offset: int, generation: int) -> str:
+        """The ``GarbageRecord`` key of a replaced segment's objects."""
+        return f"{self.garbage}{topic}/{partition}/{base_offset:020d}.g{generation}"
 
     def topic_partitions(self, topic: str) -> str:
         return f"{self.root}partitions/{topic}/"
@@ -373,6 +387,10 @@ def decode_segment(data: bytes) -> SegmentRecord:
 
 def decode_wal(data: bytes) -> WalRecord:
     return msgspec.json.decode(data, type=WalRecord)
+
+
+def decode_garbage(data: bytes) -> GarbageRecord:
+    return msgspec.json.decode(data, type=GarbageRecord)
 
 
 def decode_group(data: bytes) -> GroupRecord:

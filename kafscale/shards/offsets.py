@@ -5,8 +5,8 @@ Kafka's semantics (ListOffsets v1+): a timestamp finds the first record, by offs
 timestamp is at or after it; MAX_TIMESTAMP (-3, KIP-734) the first record with the largest
 timestamp. Entries (spec segments or chunks of write-ahead objects) are chosen from their
 committed max timestamps (``CommittedSegments``), so only one is read, from the L1 cache or whole
-from the object store. A chunk whose object is gone (compacted since the entry list was loaded)
-makes the read path reload the list; the lookup then runs once more.
+from the object store. An entry whose object is gone (compacted, cleaned or deleted since the
+entry list was loaded) makes the read path reload the list; the lookup then runs once more.
 
 Records are decoded on the read path's reader threads (``reads.find_timestamp``), never on the
 shard's loop, with decompression bounded: a batch that does not decode (stored by something that
@@ -151,7 +151,7 @@ class OffsetLookups:
         def done(
             result: tuple[Chunk, tuple[int, int] | None] | None, error: BaseException | None
         ) -> None:
-            if self.reads.chunk_gone(segment, error) and i not in op.reloaded:
+            if self.reads.entry_gone(error) and i not in op.reloaded:
                 op.reloaded.add(i)
                 self.reads.gate.answered()
                 self.reads.reload(

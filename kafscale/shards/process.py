@@ -30,7 +30,7 @@ import time
 import zmq
 
 from kafscale import metrics
-from kafscale.ipc import endpoints, messages, write_path
+from kafscale.ipc import cleaning, endpoints, messages, write_path
 from kafscale.ipc.rpc import REQUEST_ID, Incoming, RpcClient, RpcError, RpcServer
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
@@ -65,6 +65,7 @@ NOTICES = (
     messages.ReleaseFetch,
     write_path.ObjectCommitted,
     write_path.SegmentsCompacted,
+    cleaning.SegmentsCleaned,
 )
 
 
@@ -172,6 +173,8 @@ class Shard:
             self._send(self.waiters.committed())
         elif isinstance(message, write_path.SegmentsCompacted):
             self.cycles.on_compacted(message)
+        elif isinstance(message, cleaning.SegmentsCleaned):
+            self._on_cleaned(message)
         elif isinstance(message, messages.FlushAll):
             self._on_flush_all(incoming)
         elif isinstance(message, write_path.SealPartition):
@@ -335,6 +338,12 @@ class Shard:
         if partition is not None and partition.topic_id == notice.topic_id:
             partition.log_start_offset = max(partition.log_start_offset, notice.log_start_offset)
             partition.segments.drop_before(partition.log_start_offset)
+
+    def _on_cleaned(self, notice: cleaning.SegmentsCleaned) -> None:
+        """The log cleaner replaced segments of the partition: serve the new ones."""
+        partition = self.partitions.get((notice.topic, notice.partition))
+        if partition is not None and partition.topic_id == notice.topic_id:
+            self.reads.cleaned(partition, notice.segments)
 
     def _partition_for(
         self, topic: str, topic_id: str, index: int, topic_created_ms: int

@@ -19,10 +19,11 @@ Where a fetch at offset O is served from:
   from the first batch ending at or after O, and when the entry has none (its tail was cleaned
   away, or all of it) the lookup goes on at the next entry's base offset (``Part.at``), as far as
   the visible end; the answer then begins after O, as Kafka's does on a compacted log.
-- A chunk whose object is gone (compacted into a segment and collected after the entry list was
-  loaded) makes the shard reload the partition's entries from the metadata store, on a reader
-  thread, and read again once. When chunks are compacted (``compacted``), their cached batches
-  move to the segment's cache entry.
+- An entry whose object is gone (a chunk compacted into a segment and collected, a segment
+  cleaned or deleted, after the entry list was loaded) makes the shard reload the partition's
+  entries from the metadata store, on a reader thread, and read again once. When chunks are
+  compacted (``compacted``), their cached batches move to the segment's cache entry; when
+  segments are cleaned (``cleaned``), theirs are dropped (the new ones hold fewer records).
 
 Bytes leave as the memoryview of whole batches in the cache, handed to ZeroMQ without a copy;
 nothing is decoded or re-encoded.
@@ -167,6 +168,16 @@ class ReadPath:
         replaced = partition.segments.compacted(segment)
         self.cache.move([entry_key(partition, r) for r in replaced], entry_key(partition, segment))
 
+    def cleaned(self, partition: PartitionLog, segments: list[SegmentRecord]) -> None:
+        """The log cleaner replaced segments of the partition by ``segments`` (covering the
+        same offsets): they replace them in the entry list; what is cached of the old ones is
+        dropped."""
+        for segment in segments:
+            for old in partition.segments.compacted(segment):
+                key = entry_key(partition, old)
+                self.cache.segments.discard(key)
+                self.cache.indexes.discard(key)
+
     def appended(self, partition: PartitionLog) -> None:
         if self.unflushed:
             self.advanced(partition)
@@ -270,7 +281,7 @@ class ReadPath:
         def done(
             result: tuple[Index | None, Chunk | None] | None, error: BaseException | None
         ) -> None:
-            if self.chunk_gone(segment, error) and not part.reloaded:
+            if self.entry_gone(error) and not part.reloaded:
                 part.reloaded = True
                 self.gate.answered()
                 self.reload(partition, lambda ok: self._reread(op, partition, part, ok, error))
@@ -436,7 +447,7 @@ class ReadPath:
     ) -> Callable[..., None]:
         def done(result: Chunk | None, error: BaseException | None) -> None:
             self._prefetching.discard(key)
-            if self.chunk_gone(ref.record, error):
+            if self.entry_gone(error):
                 metrics.READAHEADS.labels("failed").inc()
                 self.reload(partition, lambda ok: None)  # the next fetch finds the segment
             elif result is None:
@@ -471,10 +482,11 @@ class ReadPath:
         self.gate.healthy()
 
     @staticmethod
-    def chunk_gone(entry: SegmentRecord, error: BaseException | None) -> bool:
-        """Whether a read failed because a chunk's object is gone: compacted into a segment
-        and collected since the partition's entry list was loaded."""
-        return entry.is_chunk and isinstance(error, ObjectNotFound)
+    def entry_gone(error: BaseException | None) -> bool:
+        """Whether a read failed because the entry's object is gone since the partition's entry
+        list was loaded: a chunk compacted into a segment and collected, a segment the log
+        cleaner replaced (deleted after a grace), or one retention deleted."""
+        return isinstance(error, ObjectNotFound)
 
     def reload(self, partition: PartitionLog, then: Callable[[bool], None]) -> None:
         """Reload the partition's entry list from the metadata store on a reader thread, then

@@ -3,8 +3,8 @@
 An entry is a spec segment or a chunk of a write-ahead object (``SegmentRecord.is_chunk``); the
 read path treats both alike. Loaded once from the metadata store when the shard loads the
 partition, then extended by every commit the shard sees, changed when chunks are compacted into
-a segment, and reloaded when a read finds a chunk's object gone (compacted and collected after
-the list was loaded); never an object-store listing.
+a segment or segments cleaned, and reloaded when a read finds an entry's object gone (compacted,
+cleaned or deleted after the list was loaded); never an object-store listing.
 
 Finding the entry that holds an offset is a binary search over base offsets. For timestamp
 lookups a running maximum of the entries' max timestamps is kept beside them: it never
@@ -46,9 +46,10 @@ class CommittedSegments:
 
     def compacted(self, segment: SegmentRecord) -> list[SegmentRecord]:
         """Put ``segment`` in place of the entries its offsets cover (the chunks a compaction
-        replaced) and return them. Nothing changes, and nothing is returned, when an entry
-        straddles one of the segment's ends (the list does not match what was compacted) or
-        when every offset it covers was dropped by retention already."""
+        replaced, or the segments a cleaning rewrote) and return them. Nothing changes, and
+        nothing is returned, when an entry straddles one of the segment's ends (the list does
+        not match what was compacted) or when every offset it covers was dropped by retention
+        already."""
         first = bisect.bisect_left(self._bases, segment.base_offset)
         stop = bisect.bisect_right(self._bases, segment.last_offset)
         replaced = self._segments[first:stop]
