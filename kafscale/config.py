@@ -115,6 +115,9 @@ class Config:
     max_uploads_in_flight: int
     compaction_buffer_bytes: int
     compaction_max_age_ms: int
+    cleaner_enable: bool
+    cleaner_backoff_ms: int
+    cleaner_buffer_bytes: int
     metadata_max_txn_ops: int
     metadata_max_txn_bytes: int
     metadata_compaction_interval_ms: int

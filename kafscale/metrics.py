@@ -146,6 +146,14 @@ COMPACTION_MERGES = Counter(
 COMPACTION_MERGED_BYTES = Counter(
     "kafscale_compaction_merged_bytes", "Bytes of held chunks moved into merged objects"
 )
+CLEANINGS = Counter(
+    "kafscale_cleanings",
+    "Log cleanings of compacted partitions, by outcome (committed, refused, failed)",
+    ["outcome"],
+)
+CLEANER_BYTES = Counter(
+    "kafscale_cleaner_bytes", "Segment bytes the log cleaner read and wrote", ["direction"]
+)
 COMPACTION_HELD_BYTES = Gauge(
     "kafscale_compaction_held_bytes",
     "Bytes of uncompacted chunks the compactor holds (KAFSCALE_COMPACTION_BUFFER_BYTES bounds it)",

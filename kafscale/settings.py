@@ -641,6 +641,26 @@ SETTINGS: tuple[Setting, ...] = (
         "Compact a partition's chunks into a segment once the oldest is this old",
     ),
     Setting(
+        "cleaner_enable",
+        "true",
+        parse_bool,
+        "Run the log cleaner on compacted topics (Kafka's log.cleaner.enable)",
+    ),
+    Setting(
+        "cleaner_backoff_ms",
+        "15000",
+        _int_in(100, 86_400_000),
+        "How long the log cleaner waits when no compacted partition is due (Kafka's "
+        "log.cleaner.backoff.ms)",
+    ),
+    Setting(
+        "cleaner_buffer_bytes",
+        "128MiB",
+        _size_at_least(1024 * 1024),
+        "Memory for the log cleaner's map of keys to their latest offset (Kafka's "
+        "log.cleaner.dedupe.buffer.size)",
+    ),
+    Setting(
         "metadata_max_txn_ops",
         "128",
         _int_in(8, 100_000),

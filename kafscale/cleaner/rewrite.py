@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kafscale.protocol import records
@@ -179,6 +179,25 @@ def _batch(
     return bytes(out)
 
 
+def fill(offsets: OffsetMap, dirty: Iterable[Sequence[bytes | memoryview]]) -> int:
+    """Add the dirty segments' records to the map, segment by segment, until it is full (a
+    segment that filled it is in); the number of segments taken. ``dirty`` may be lazy: no
+    segment after the last taken is asked for."""
+    taken = 0
+    for segment in dirty:
+        for batch in segment:
+            offsets.add_batch(batch)
+        taken += 1
+        if offsets.full:
+            break
+    return taken
+
+
+def clean_segment(segment: Iterable[bytes | memoryview], cleaning: Cleaning) -> list[bytes]:
+    """A segment's batches as ``cleaning`` leaves them (batches left empty dropped)."""
+    return [kept for batch in segment if (kept := clean_batch(batch, cleaning)) is not None]
+
+
 def clean_segments(
     clean: Sequence[Sequence[bytes | memoryview]],
     dirty: Sequence[Sequence[bytes | memoryview]],
@@ -188,21 +207,11 @@ def clean_segments(
     level: int | None = None,
 ) -> list[list[bytes]]:
     """One cleaning of a log's clean and dirty sections (each segment its batches, in offset
-    order): the map takes the dirty segments one by one until it is full (a segment it filled
-    is in), and every segment up to the last one it took is rewritten. Returns the rewritten
-    segments' batches, one list per segment from the log start (a list may be empty); dirty
-    segments after them are not cleaned this time."""
-    taken = 0
-    for segment in dirty:
-        if offsets.full:
-            break
-        for batch in segment:
-            offsets.add_batch(batch)
-        taken += 1
+    order): the map takes the dirty segments (``fill``), and every segment up to the last one
+    it took is rewritten. Returns the rewritten segments' batches, one list per segment from the
+    log start (a list may be empty); dirty segments after them are not cleaned this time."""
+    taken = fill(offsets, dirty)
     if not taken:
         return []
     cleaning = Cleaning(offsets, now_ms, delete_retention_ms, level)
-    return [
-        [kept for batch in segment if (kept := clean_batch(batch, cleaning)) is not None]
-        for segment in [*clean, *dirty[:taken]]
-    ]
+    return [clean_segment(segment, cleaning) for segment in [*clean, *dirty[:taken]]]

@@ -29,7 +29,7 @@ import os
 import queue
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,13 +37,15 @@ import msgspec
 import zmq
 
 from kafscale import metrics
+from kafscale.cleaner.worker import Cleaner
 from kafscale.flusher import commits, cycle, objects, recovery
 from kafscale.flusher.compaction import Compactor
 from kafscale.flusher.cycle import Answer, Build, Commit, Cycles, Instruction, Limits, SendCut
 from kafscale.flusher.objects import BuiltObject, KeyTaken
 from kafscale.ipc import endpoints, messages, write_path
+from kafscale.ipc.cleaning import CommitCleaning
 from kafscale.ipc.rpc import REQUEST_ID, RpcClient, RpcError, RpcServer
-from kafscale.ipc.write_path import EntryResult
+from kafscale.ipc.write_path import EntryResult, SegmentCommitted
 from kafscale.metadata import open_metadata_store
 from kafscale.metadata.owned import OwnedPartitions
 from kafscale.metadata.records import SegmentRecord
@@ -354,6 +356,25 @@ def _count(results: list[EntryResult], now: int) -> None:
             metrics.FLUSH_ERRORS.labels("refused").inc()
 
 
+class _CoordinatorCommits:
+    """The log cleaner's ``commit``: its own coordinator client, made on its thread at first
+    use. Raises when the coordinator does not answer or fails the request."""
+
+    def __init__(self, new_client: Callable[[], RpcClient]) -> None:
+        self._new_client = new_client
+        self._client: RpcClient | None = None
+
+    def __call__(self, request: CommitCleaning) -> SegmentCommitted:
+        if self._client is None:
+            self._client = self._new_client()
+        reply = self._client.call(request, timeout_ms=COMMIT_TIMEOUT_MS).message
+        if isinstance(reply, messages.ErrorReply):
+            raise RpcError(f"the coordinator could not commit: {reply.message}")
+        if not isinstance(reply, SegmentCommitted):
+            raise RpcError(f"unexpected answer {type(reply).__name__}")
+        return reply
+
+
 def run(ctx: ChildContext) -> None:
     config = ctx.config
     objects_ = MeteredObjectStore(open_object_store(config))
@@ -363,6 +384,7 @@ def run(ctx: ChildContext) -> None:
     coordinator = RpcClient(ctx.zmq_context, coordinator_address)
     flusher: Flusher | None = None
     compactor: Compactor | None = None
+    cleaner: Cleaner | None = None
     owned = OwnedPartitions(store, config.s3_namespace, config.broker_id, ctx.lease_id)
     try:
         recovery.adopt_orphans(config, objects_, store, coordinator)
@@ -383,10 +405,22 @@ def run(ctx: ChildContext) -> None:
         )
         compactor.start()
         flusher.compactor = compactor
+        if config.cleaner_enable:
+            cleaner = Cleaner(
+                config,
+                objects_,
+                store,
+                _CoordinatorCommits(coordinators),
+                flusher.notify_from_thread,
+                owned=owned.partitions,
+            )
+            cleaner.start()
         log.info("flusher up", extra={"objects": objects_.description, "token": flusher.token})
         ctx.ready()
         flusher.serve()
     finally:
+        if cleaner is not None:
+            cleaner.close()  # first, as the compactor: its notices go through the flusher's loop
         if compactor is not None:
             compactor.close()  # first: its notices go through the flusher's loop
         if flusher is not None:
