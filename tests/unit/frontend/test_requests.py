@@ -160,7 +160,7 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
         23: (2, 4),
         32: (1, 4),
         33: (0, 2),
-        35: (1, 5),
+        35: (1, 4),
         36: (0, 2),
         37: (0, 3),
         42: (0, 2),
