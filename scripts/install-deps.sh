@@ -7,7 +7,7 @@
 #   python  .venv with `pip install -e '.[test,spark,operator,console]'` (step `broker`:
 #           `pip install -e .`, the broker alone, for scripts/serve.sh; step `console`:
 #           `pip install -e '.[console]'`, for scripts/console.sh)
-#   java    the kafka-clients probe and Kafka's admin tools, tests/java/target (see
+#   java    the kafka-clients probe, Kafka's admin tools and a Streams app, tests/java/target (see
 #           tests/java/pom.xml)
 #   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
 #   kafkajs   kafkajs and its codecs from npm (tests/compat/node/install.sh)
@@ -212,9 +212,12 @@ install_java() {
         } | sha256sum | cut -d' ' -f1
     )"
     # The key covers every module's pom.xml (a new or changed module rebuilds) and the probe's
-    # sources; the directories are checked too, in case one was removed by hand.
+    # and the Streams application's sources; the directories are checked too, in case one was
+    # removed by hand.
     local dir built=1
-    for dir in probe/classes lib-3.9 lib-4 tools-4; do [[ -d $target/$dir ]] || built=0; done
+    for dir in probe/classes lib-3.9 lib-4 tools-4 streams-4/classes lib-streams-4; do
+        [[ -d $target/$dir ]] || built=0
+    done
     if [[ -f $stamp && $(<"$stamp") == "$key" && $built -eq 1 ]]; then
         say java "probe and tools up to date in $target"
         return

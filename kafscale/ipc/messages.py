@@ -149,6 +149,7 @@ class AppendEntry(msgspec.Struct, frozen=True):
     # message.timestamp.before.max.ms / after.max.ms (Kafka 4's defaults: no limit, one hour)
     timestamp_before_max_ms: int = 2**63 - 1
     timestamp_after_max_ms: int = 3_600_000
+    compacted: bool = False  # cleanup.policy includes compact: every record needs a key
 
 
 class Append(Message, frozen=True):

@@ -11,7 +11,6 @@ accepted ``WITHOUT_EFFECT``, and how, or why not. The checks themselves are in
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kafscale.metadata import config_values as v
@@ -21,14 +20,6 @@ INT, LONG, DOUBLE = ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE
 BOOLEAN, STRING, LIST = ConfigType.BOOLEAN, ConfigType.STRING, ConfigType.LIST
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
-
-# cleanup.policy values Kafka defines that KafScale cannot honour yet, each with the reason: a
-# topic naming one is refused (INVALID_CONFIG) rather than stored and ignored. Compaction comes
-# later in issue 20; when it works, this becomes empty.
-UNAVAILABLE_POLICIES: Mapping[str, str] = {
-    "compact": "log compaction is not yet available in KafScale (cleanup.policy may be delete, "
-    "or empty to keep every record)",
-}
 
 
 class Effect(enum.Enum):
@@ -75,10 +66,6 @@ _INDEXES = (
 _TIERING = (
     "The object store is KafScale's only tier: every topic's data is already there, with no "
     "local tier in front of it; retention.ms and retention.bytes apply to all of it."
-)
-_COMPACTION = (
-    "Log compaction is not yet available (a cleanup.policy with compact is refused); the value "
-    "is kept for when it is."
 )
 _LEVEL = (
     "KafScale compresses with fixed levels (gzip 6, lz4's fast mode, zstd 3) whatever the "
@@ -158,19 +145,25 @@ CONFIGS: dict[str, TopicConfig] = {
             "delete.retention.ms", LONG, "86400000", v.at_least(0),
             "log.cleaner.delete.retention.ms",
             "How long delete tombstones are kept in a compacted topic.",
-            WITHOUT_EFFECT, _COMPACTION,
+            ENFORCED,
+            "A tombstone the log cleaner keeps is stamped with the time plus this (KIP-534's "
+            "delete horizon) and removed by the first cleaning after it.",
         ),
         TopicConfig(
             "min.compaction.lag.ms", LONG, "0", v.at_least(0),
             "log.cleaner.min.compaction.lag.ms",
             "The least time a record stays uncompacted (at most max.compaction.lag.ms).",
-            WITHOUT_EFFECT, _COMPACTION,
+            ENFORCED,
+            "A segment is cleaned once its newest record is at least this old.",
         ),
         TopicConfig(
             "max.compaction.lag.ms", LONG, str(LONG_MAX), v.at_least(1),
             "log.cleaner.max.compaction.lag.ms",
             "The most time a record may stay ineligible for compaction.",
-            WITHOUT_EFFECT, _COMPACTION,
+            ENFORCED,
+            "A partition whose oldest uncleaned segment was written this long ago is cleaned "
+            "whatever its dirty ratio, before the others. Records reach a segment when their "
+            "write-ahead chunks are compacted (KAFSCALE_COMPACTION_MAX_AGE_MS at the latest).",
         ),
         TopicConfig(
             "file.delete.delay.ms", LONG, "60000", v.at_least(0), "log.segment.delete.delay.ms",
@@ -183,7 +176,9 @@ CONFIGS: dict[str, TopicConfig] = {
             "min.cleanable.dirty.ratio", DOUBLE, "0.5", v.between(0, 1),
             "log.cleaner.min.cleanable.ratio",
             "The share of the log that must be uncompacted before the log cleaner compacts it.",
-            WITHOUT_EFFECT, _COMPACTION,
+            ENFORCED,
+            "Dirty bytes (segments never cleaned) over all the segments' bytes, as Kafka counts "
+            "them; write-ahead chunks not yet in segments are not counted.",
         ),
         TopicConfig(
             "cleanup.policy", LIST, "delete", v.valid_list("compact", "delete"),
@@ -193,8 +188,9 @@ CONFIGS: dict[str, TopicConfig] = {
             "forever.",
             ENFORCED,
             "delete: retention.ms and retention.bytes delete a partition's oldest segments; "
-            "empty: nothing is deleted. A policy with compact is refused (INVALID_CONFIG) until "
-            "log compaction is available.",
+            "empty: nothing is deleted; compact: the log cleaner keeps the latest record of each "
+            "key (docs/design/ecosystem.md, section 4), and a record without a key is refused "
+            "(INVALID_RECORD).",
         ),
         TopicConfig(
             "unclean.leader.election.enable", BOOLEAN, "false", None,

@@ -8,8 +8,7 @@ flushing and indexes, a local tier in front of remote storage) -- the reason is 
 docs (docs/compatibility.md, Topic configs) and every DescribeConfigs answer. A name Kafka does not
 define is refused as Kafka 4 refuses it ("Unknown topic config name"), which includes the ones
 Kafka 4 removed (``message.format.version``, ``message.downconversion.enable``,
-``message.timestamp.difference.max.ms``). One value is refused although Kafka takes it: a
-``cleanup.policy`` naming ``compact`` (``UNAVAILABLE_POLICIES``), until compaction exists.
+``message.timestamp.difference.max.ms``).
 
 A topic record holds only the configs set on it, as they were given. A config it does not set
 takes its broker's value, as in Kafka (``segment.bytes`` <- ``log.segment.bytes``, which is
@@ -28,12 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from kafscale.config import Config
 from kafscale.metadata import config_values
 from kafscale.metadata.config_values import InvalidConfig
-from kafscale.metadata.topic_config_table import CONFIGS, UNAVAILABLE_POLICIES, TopicConfig
+from kafscale.metadata.topic_config_table import CONFIGS, TopicConfig
 from kafscale.protocol.configs import AlterConfigOp, ConfigType
 
 __all__ = [
     "CONFIGS",
-    "UNAVAILABLE_POLICIES",
     "InvalidAlteration",
     "InvalidTopicConfig",
     "TopicConfig",
@@ -95,11 +93,6 @@ def _parsed(config: TopicConfig, value: str) -> config_values.Value:
     parsed = config_values.parse(config.name, value, config.type)
     if config.validator is not None:
         config.validator(config.name, parsed)
-    if config.name == "cleanup.policy":
-        assert isinstance(parsed, tuple)
-        for policy in parsed:
-            if policy in UNAVAILABLE_POLICIES:
-                raise config_values.invalid(config.name, policy, UNAVAILABLE_POLICIES[policy])
     return parsed
 
 

@@ -22,7 +22,10 @@ LogValidator.validateBatch / validateRecord, KIP-98 for the layout, KIP-937 for 
 5. timestamps of a CreateTime topic within [now - message.timestamp.before.max.ms,
    now + message.timestamp.after.max.ms] (records without a timestamp, -1, are not judged):
    INVALID_TIMESTAMP; a header max_timestamp that is not the records' largest is corrected (a
-   copy with the right value and CRC), as Kafka's setMaxTimestamp does.
+   copy with the right value and CRC), as Kafka's setMaxTimestamp does;
+6. on a compacted topic (``cleanup.policy`` with ``compact``), a record without a key:
+   INVALID_RECORD, "Compacted topic cannot accept message without key", as Kafka's
+   LogValidator.validateKey.
 
 Where we differ from Kafka, deliberately: a blob that ends inside a batch is CORRUPT_MESSAGE
 (Kafka's iterator stops at a short tail, then answers INVALID_RECORD "no record batch" or drops
@@ -93,6 +96,7 @@ class BatchPolicy:
     timestamp_before_max_ms: int = TIMESTAMP_BEFORE_MAX_MS
     timestamp_after_max_ms: int = TIMESTAMP_AFTER_MAX_MS
     decompression_factor: int = DEFAULT_FACTOR  # KAFSCALE_MAX_DECOMPRESSION_FACTOR
+    compacted: bool = False  # cleanup.policy includes compact: a record without a key is refused
 
     @property
     def max_decompressed_bytes(self) -> int:
@@ -213,7 +217,7 @@ def check_records(batch: BatchView, policy: BatchPolicy, now_ms: int) -> BatchVi
         start = 0
     no_timestamp = NO_TIMESTAMP - header.base_timestamp  # the delta of a record without one
     try:
-        lowest, highest = _walk(body, start, header.records_count, no_timestamp)
+        lowest, highest = _walk(body, start, header.records_count, no_timestamp, policy.compacted)
     except _Fault as fault:
         return _invalid(str(fault))
     max_timestamp = header.base_timestamp + highest
@@ -243,10 +247,12 @@ class _Fault(Exception):
     """A record that does not parse (never leaves this module)."""
 
 
-def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, int]:
+def _walk(
+    body: Bytes, pos: int, count: int, no_timestamp: int, keyed: bool = False
+) -> tuple[int, int]:
     """Walk the ``count`` records from ``pos`` to the end of ``body``: the lowest timestamp delta
     other than ``no_timestamp`` (``LONG_MAX`` if none) and the highest. Raise ``_Fault`` naming
-    the first thing wrong.
+    the first thing wrong; with ``keyed`` (a compacted topic), a record without a key is one.
 
     Hot, hence written out field by field: one-byte varints (zigzag: an even byte is n // 2, an
     odd one -(n // 2) - 1) are decoded inline, longer ones by kio's native readers; nothing is
@@ -296,6 +302,8 @@ def _walk(body: Bytes, pos: int, count: int, no_timestamp: int) -> tuple[int, in
                 if byte & 1:
                     if byte != 1:
                         raise _Fault(f"record {index} at byte {start - base} has a negative key")
+                    if keyed:
+                        raise _Fault("Compacted topic cannot accept message without key")
                     pos += 1
                 else:
                     pos += 1 + (byte >> 1)

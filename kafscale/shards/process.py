@@ -265,6 +265,7 @@ class Shard:
                 entry.timestamp_before_max_ms,
                 entry.timestamp_after_max_ms,
                 self.config.max_decompression_factor,
+                entry.compacted,
             ),
             now,
         )

@@ -1,7 +1,7 @@
 """Kafka's topic configs through real admin clients: every one Kafka 4.3 defines is accepted,
 stored and described, those without effect in KafScale (replication, local disk, tiering, ...)
-like the rest; what Kafka refuses is refused with INVALID_CONFIG, and so is compaction, for now
-(docs/compatibility.md, Topic configs)."""
+like the rest; what Kafka refuses is refused with INVALID_CONFIG (docs/compatibility.md, Topic
+configs)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_confluent_kafka_creates_alters_and_describes_kafkas_topic_configs(
     assert described["flush.ms"] == (str(2**63 - 1), "DEFAULT_CONFIG")
     assert described["compression.zstd.level"] == ("3", "DEFAULT_CONFIG")
 
-    # What Kafka 4.3 refuses, refused the same way; and compaction until it is available.
+    # What Kafka 4.3 refuses, refused the same way.
     refused = admin.create_topics(
         [
             NewTopic("insync", 1, 1, config={"min.insync.replicas": "0"}),
@@ -66,7 +66,7 @@ def test_confluent_kafka_creates_alters_and_describes_kafkas_topic_configs(
             NewTopic(
                 "lags", 1, 1, config={"min.compaction.lag.ms": "9", "max.compaction.lag.ms": "5"}
             ),
-            NewTopic("compacted", 1, 1, config={"cleanup.policy": "delete,compact"}),
+            NewTopic("compacted", 1, 1, config={"cleanup.policy": "delete,shred"}),
         ]
     )
     outcomes = {name: refusal(future) for name, future in refused.items()}
@@ -80,7 +80,7 @@ def test_confluent_kafka_creates_alters_and_describes_kafkas_topic_configs(
     assert "Value must be at least 1" in messages["insync"]
     assert "Unknown topic config name: message.format.version" in messages["removed"]
     assert "min.compaction.lag.ms (9) > max.compaction.lag.ms (5)" in messages["lags"]
-    assert "log compaction is not yet available" in messages["compacted"]
+    assert "shred" in messages["compacted"]
 
     # IncrementalAlterConfigs: subtracting the only policy leaves an empty, valid list.
     admin.create_topics([NewTopic("orders", 1, 1)])["orders"].result(30)

@@ -58,17 +58,17 @@ def test_confluent_kafka_creates_and_deletes_topics(running_broker: Any) -> None
         "logs": None,
         "bad name": "TOPIC_EXCEPTION",
         "zero": "INVALID_PARTITIONS",
-        "compacted": "INVALID_CONFIG",
+        "compacted": None,
     }
     assert confluent_create(bootstrap, NewTopic("orders", 1, 1)) == {
         "orders": "TOPIC_ALREADY_EXISTS"
     }
-    assert partitions(bootstrap) == {"orders": 6, "logs": 1}
+    assert partitions(bootstrap) == {"orders": 6, "logs": 1, "compacted": 1}
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_topics(["orders"], request_timeout=20)["orders"].result(30)
     with pytest.raises(Exception, match="UNKNOWN_TOPIC_OR_PART"):
         admin.delete_topics(["orders"], request_timeout=20)["orders"].result(30)
-    assert partitions(bootstrap) == {"logs": 1}
+    assert partitions(bootstrap) == {"logs": 1, "compacted": 1}
 
 
 @pytest.mark.compat("create", param="client_version", prefix="java-")

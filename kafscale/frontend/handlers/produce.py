@@ -131,6 +131,7 @@ def _entry(ctx: RequestContext, record: TopicRecord, partition: int) -> AppendEn
         segment_bytes=int(configs["segment.bytes"]),
         timestamp_before_max_ms=int(configs["message.timestamp.before.max.ms"]),
         timestamp_after_max_ms=int(configs["message.timestamp.after.max.ms"]),
+        compacted="compact" in configs["cleanup.policy"].split(","),
     )
 
 

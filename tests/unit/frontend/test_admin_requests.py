@@ -302,7 +302,7 @@ def test_alter_configs_replaces_the_topics_configs(version: int) -> None:
         ({"no.such.config": "1"}, ErrorCode.invalid_config, "no.such.config"),
         ({"message.format.version": "3.0"}, ErrorCode.invalid_config, "message.format.version"),
         ({"segment.bytes": "1024"}, ErrorCode.invalid_config, "segment.bytes"),
-        ({"cleanup.policy": "compact"}, ErrorCode.invalid_config, "cleanup.policy"),
+        ({"cleanup.policy": "compact,shred"}, ErrorCode.invalid_config, "cleanup.policy"),
     ],
 )
 def test_alter_configs_refuses_what_kafscale_does_not_honour(
@@ -403,7 +403,7 @@ def test_incremental_alter_configs_of_configs_without_effect_and_an_emptied_list
     ("changes", "error", "message"),
     [
         ([("retention.ms", APPEND, "5")], ErrorCode.invalid_config, "type is not LIST"),
-        ([("cleanup.policy", APPEND, "compact")], ErrorCode.invalid_config, "cleanup.policy"),
+        ([("cleanup.policy", APPEND, "shred")], ErrorCode.invalid_config, "cleanup.policy"),
         ([("retention.ms", SET, None)], ErrorCode.invalid_request, "Null value"),
         (
             [("retention.ms", SET, "1"), ("retention.ms", DELETE, None)],

@@ -388,7 +388,7 @@ def test_create_topics(version: int) -> None:
         ("orders", 1, 1, {}),
         ("bad/name", 1, 1, {}),
         ("zero", 0, 1, {}),
-        ("conf", 1, 1, {"cleanup.policy": "compact"}),
+        ("conf", 1, 1, {"cleanup.policy": "compact,shred"}),
         ("nonsense", 1, 1, {"no.such.config": "1"}),
         ("rf0", 1, 0, {}),
     )

@@ -94,6 +94,10 @@ DEFAULTS = {
 ENFORCED = {
     "cleanup.policy",
     "compression.type",
+    "delete.retention.ms",
+    "max.compaction.lag.ms",
+    "min.cleanable.dirty.ratio",
+    "min.compaction.lag.ms",
     "max.message.bytes",
     "message.timestamp.after.max.ms",
     "message.timestamp.before.max.ms",
@@ -280,13 +284,10 @@ def test_an_empty_cleanup_policy_is_valid_and_effective() -> None:
 
 
 @pytest.mark.parametrize("policy", ["compact", "delete,compact", "compact,delete", " compact "])
-def test_compaction_is_refused_until_it_is_available(policy: str) -> None:
-    with pytest.raises(InvalidTopicConfig) as caught:
-        topic_configs.validate({"cleanup.policy": policy})
-    assert str(caught.value) == (
-        "Invalid value compact for configuration cleanup.policy: log compaction is not yet "
-        "available in KafScale (cleanup.policy may be delete, or empty to keep every record)"
-    )
+def test_compaction_is_a_policy_like_delete(policy: str) -> None:
+    assert topic_configs.validate({"cleanup.policy": policy}) == {"cleanup.policy": policy}
+    with pytest.raises(InvalidTopicConfig, match=r"cleanup\.policy"):
+        topic_configs.validate({"cleanup.policy": policy + ",shred"})
 
 
 def test_the_minimum_compaction_lag_may_not_exceed_the_maximum() -> None:
@@ -360,8 +361,9 @@ def test_append_and_subtract_work_on_lists_from_the_default() -> None:
     assert topic_configs.altered({}, [("cleanup.policy", APPEND, "delete")]) == {
         "cleanup.policy": "delete"
     }
-    with pytest.raises(InvalidTopicConfig, match="log compaction is not yet available"):
-        topic_configs.altered({}, [("cleanup.policy", APPEND, "compact")])
+    assert topic_configs.altered({}, [("cleanup.policy", APPEND, "compact")]) == {
+        "cleanup.policy": "delete,compact"
+    }
     assert topic_configs.altered({}, [("cleanup.policy", SUBTRACT, "compact")]) == {
         "cleanup.policy": "delete"
     }

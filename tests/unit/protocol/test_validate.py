@@ -153,6 +153,19 @@ def test_idempotent_batches_are_accepted() -> None:
     assert view.header.producer_id == 7
 
 
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.ZSTD])
+def test_a_compacted_topic_refuses_a_record_without_a_key(codec: Codec) -> None:
+    compacted = BatchPolicy(MAX, compacted=True)
+    keyed = build_batch([(b"k", b"v", [], T0), (b"k", None, [], T0)], codec=codec)
+    assert not isinstance(split_batches(keyed, compacted, NOW), BatchError)
+    keyless = build_batch(RECORDS, codec=codec)  # its second record has no key
+    refused = split_batches(keyless, compacted, NOW)
+    assert isinstance(refused, BatchError)
+    assert refused.error_code == ErrorCode.invalid_record
+    assert "Compacted topic cannot accept message without key" in refused.message
+    assert not isinstance(split_batches(keyless, POLICY, NOW), BatchError)
+
+
 def test_several_batches_when_asked() -> None:
     blob = PLAIN + build_batch(RECORDS, codec=Codec.GZIP)
     views = _check(blob, single_batch=False)
