@@ -386,7 +386,7 @@ def assert_only_retriable_errors(loads: list[Load], closed_after: float | None =
 @pytest.mark.parametrize(
     ("how", "seconds"),
     [
-        ("stopped", 60),
+        pytest.param("stopped", 60, marks=pytest.mark.long),
         ("paused", 30),
     ],
 )
@@ -461,6 +461,7 @@ def test_etcd_down_under_load(
     print(f"etcd {how} {seconds} s: produce recovered {recovered_in:.1f} s after etcd was back")
 
 
+@pytest.mark.long
 def test_s3_paused_under_load(
     start_broker: Callable[..., Any], s3_server: Any, loads: list[Load]
 ) -> None:

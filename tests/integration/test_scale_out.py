@@ -135,6 +135,7 @@ def test_kafscale_drain_hands_everything_over_before_the_stop(
     finish(load, brokers[1:])
 
 
+@pytest.mark.long
 def test_a_rolling_restart_of_every_broker_under_load_costs_only_retriable_errors(
     start_broker: Callable[..., Any],
 ) -> None:
@@ -148,6 +149,7 @@ def test_a_rolling_restart_of_every_broker_under_load_costs_only_retriable_error
     finish(load, brokers)
 
 
+@pytest.mark.long
 def test_scaling_one_to_three_and_back_moves_partitions_without_loss(
     start_broker: Callable[..., Any],
 ) -> None:

@@ -96,6 +96,7 @@ def lose_member(
     finish(load, brokers, f"{member.member_name} down {MEMBER_DOWN_S:.0f} s")
 
 
+@pytest.mark.long
 def test_an_etcd_follower_in_use_killed_under_load_changes_nothing(
     start_broker: Callable[..., Any], etcd_cluster: EtcdCluster, on_cluster: dict[str, str]
 ) -> None:
@@ -160,6 +161,7 @@ def spawned(broker: Any, child: str) -> int | None:
     return None
 
 
+@pytest.mark.long
 def test_a_crashed_broker_started_again_at_once_does_not_hold_its_partitions_while_it_boots(
     start_broker: Callable[..., Any], on_cluster: dict[str, str]
 ) -> None:

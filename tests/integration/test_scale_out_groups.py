@@ -306,9 +306,9 @@ def signal_all(pids: list[int], signum: signal.Signals) -> None:
     ("fault", "trigger", "assignor"),
     [
         ("kill", "join", "range"),
-        ("kill", "leave", "range"),
-        ("pause", "join", "range"),
-        ("kill", "join", "cooperative-sticky"),
+        pytest.param("kill", "leave", "range", marks=pytest.mark.long),
+        pytest.param("pause", "join", "range", marks=pytest.mark.long),
+        pytest.param("kill", "join", "cooperative-sticky", marks=pytest.mark.long),
     ],
 )
 def test_a_group_converges_when_its_coordinator_fails_during_a_rebalance(
