@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 MAX_REPLACED = 40  # segments per cleaning: 3 operations each in one transaction (etcd: 128)
 MAX_GENERATION_TRIES = 8  # keys found taken before a cleaning gives up for this round
+UNCLEANABLE_MS = 600_000  # a partition with an unreadable segment is left alone this long
 UNDECODABLE = (msgspec.DecodeError, ValueError, KeyError, TypeError)
 
 
@@ -124,6 +125,9 @@ class Cleaner:
         self.clock = clock
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        # Partitions a cleaning found an unreadable segment in, and until when they are left
+        # alone (Kafka marks such a log uncleanable): the others are cleaned meanwhile.
+        self._uncleanable: dict[tuple[str, int], int] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="cleaner", daemon=True)
@@ -164,10 +168,11 @@ class Cleaner:
             return False
         except CorruptSegment as exc:
             log.error(
-                "cannot clean: a segment is unreadable",
+                "cannot clean: a segment is unreadable; the partition is left alone for a while",
                 extra={"topic": best.topic, "partition": best.partition, "error": str(exc)},
             )
             metrics.CLEANINGS.labels("failed").inc()
+            self._uncleanable[(best.topic, best.partition)] = now + UNCLEANABLE_MS
             return False
         metrics.CLEANINGS.labels("committed").inc()
         log.info(
@@ -186,6 +191,7 @@ class Cleaner:
     def candidates(self, now_ms: int) -> list[Candidate]:
         """The owned partitions of compacted topics that are due for cleaning."""
         owned = self._owned() if self._owned is not None else None
+        self._uncleanable = {k: t for k, t in self._uncleanable.items() if t > now_ms}
         due: list[Candidate] = []
         for kv in self.store.get_prefix(self.keys.topics):
             try:
@@ -198,6 +204,8 @@ class Cleaner:
             settings = settings_of(configs)
             for partition in range(topic.partitions):
                 if owned is not None and (topic.name, partition) not in owned:
+                    continue
+                if (topic.name, partition) in self._uncleanable:
                     continue
                 candidate = self._candidate(topic, partition, settings, now_ms)
                 if candidate is not None:

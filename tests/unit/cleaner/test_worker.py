@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kafscale import config as configuration
-from kafscale.cleaner.worker import Cleaner
+from kafscale.cleaner.worker import UNCLEANABLE_MS, Cleaner
 from kafscale.coordinator.cleanings import GRACE_MS, CleaningCommitter
 from kafscale.coordinator.garbage import GarbageCollector
 from kafscale.ipc.base import Message
@@ -277,3 +277,14 @@ def test_the_records_change_no_offset_and_the_high_watermark_is_untouched(log: L
     assert stored is not None
     partition = records.decode_partition(stored.value)
     assert partition.high_watermark == 30 and partition.log_start_offset == 0
+
+
+def test_a_partition_with_an_unreadable_segment_is_left_alone_for_a_while(log: Log) -> None:
+    first = log.write(("a", "1"), ("a", "2"))
+    key = segments.segment_key(NS, TOPIC, 0, first.base_offset)
+    log.objects.delete(key)
+    log.objects.put_if_absent(key, b"not a segment")
+    assert not log.cleaner.round()
+    assert log.cleaner.candidates(log.now) == []  # left alone
+    log.now += UNCLEANABLE_MS
+    assert [c.partition for c in log.cleaner.candidates(log.now)] == [0]
