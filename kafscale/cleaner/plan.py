@@ -12,6 +12,7 @@ first dirty segment was written ``max.compaction.lag.ms`` ago; the dirtiest go f
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,17 +84,29 @@ def forced(found: Sections, settings: Settings, now_ms: int) -> bool:
     )
 
 
+class Grouping:
+    """Kafka's ``groupSegmentsBySize``, one source at a time: consecutive sources whose cleaned
+    sizes together stay within ``segment_bytes`` become one segment; a source larger than the
+    limit is a group of its own."""
+
+    def __init__(self, segment_bytes: int) -> None:
+        self.segment_bytes = segment_bytes
+        self.total = 0
+        self.count = 0
+
+    def starts_group(self, size: int) -> bool:
+        """Take the next source (of ``size`` cleaned bytes): whether it begins a new group (the
+        one before it is then complete)."""
+        new = self.count > 0 and self.total + size > self.segment_bytes
+        if new:
+            self.total = self.count = 0
+        self.total += size
+        self.count += 1
+        return new
+
+
 def groups(sizes: Sequence[int], segment_bytes: int) -> list[range]:
-    """Consecutive sources (by index) whose cleaned sizes together stay within
-    ``segment_bytes``, each becoming one segment, as Kafka's ``groupSegmentsBySize``; a source
-    larger than the limit is a group of its own."""
-    out: list[range] = []
-    start, total = 0, 0
-    for index, size in enumerate(sizes):
-        if index > start and total + size > segment_bytes:
-            out.append(range(start, index))
-            start, total = index, 0
-        total += size
-    if sizes:
-        out.append(range(start, len(sizes)))
-    return out
+    """The groups of consecutive sources (by index) ``Grouping`` makes of ``sizes``."""
+    grouping = Grouping(segment_bytes)
+    starts = [i for i, size in enumerate(sizes) if grouping.starts_group(size) or i == 0]
+    return [range(a, b) for a, b in itertools.pairwise([*starts, len(sizes)])]

@@ -12,7 +12,7 @@ round that cleaned something, a round:
 3. GETs its dirty segments and fills the offset map (``KAFSCALE_CLEANER_BUFFER_BYTES``; a dirty
    section with more keys is cleaned up to the segment that filled it), GETs the clean ones,
    rewrites every batch (``kafscale.cleaner.rewrite``) and groups the results into segments of
-   up to ``segment.bytes`` (``plan.groups``);
+   up to ``segment.bytes`` (``plan.Grouping``);
 4. puts each new segment's ``.kfs`` and ``.index`` at its generation's keys (1 + that of the
    segment it starts at) with put-if-absent: a key taken (an earlier attempt, or another owner
    racing for the partition) moves the whole cleaning to the next generation, so an object is
@@ -277,25 +277,24 @@ class Cleaner:
         generation: int,
     ) -> list[SegmentRecord] | None:
         """Clean ``sources`` one by one, grouping the results into segments of up to
-        ``segment.bytes`` as ``plan.groups`` does, each put as soon as its group is complete:
+        ``segment.bytes`` (``plan.Grouping``), each put as soon as its group is complete:
         in memory, one source and one group's cleaned batches at most. None (and nothing left
         behind) when a key of ``generation`` is taken."""
         written: list[SegmentRecord] = []
         group: list[tuple[SegmentRecord, list[bytes]]] = []
-        size = 0
+        grouping = plan.Grouping(candidate.settings.segment_bytes)
         for source in [*sources, None]:
             kept = [] if source is None else self._cleaned(candidate, source, cleaning)
-            grown = size + sum(map(len, kept))
-            if group and (source is None or grown > candidate.settings.segment_bytes):
+            complete = source is None or grouping.starts_group(sum(map(len, kept)))
+            if group and complete:
                 record = self._put(candidate, group, generation)
                 if record is None:
                     self._delete(candidate, written)
                     return None
                 written.append(record)
-                group, grown = [], sum(map(len, kept))
+                group = []
             if source is not None:
                 group.append((source, kept))
-            size = grown
         return written
 
     def _cleaned(

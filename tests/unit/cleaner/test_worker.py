@@ -4,6 +4,7 @@ when its commit is refused or a key is taken, and the garbage collection of what
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -288,3 +289,20 @@ def test_a_partition_with_an_unreadable_segment_is_left_alone_for_a_while(log: L
     assert log.cleaner.candidates(log.now) == []  # left alone
     log.now += UNCLEANABLE_MS
     assert [c.partition for c in log.cleaner.candidates(log.now)] == [0]
+
+
+def test_cleaned_segments_are_grouped_up_to_segment_bytes(tmp_path: Path) -> None:
+    # (A record here is stored unvalidated, so segment.bytes may be far below Kafka's minimum.)
+    log = Log(tmp_path, **{"segment.bytes": "200"})
+    for base in range(0, 8, 2):
+        log.write((f"k{base}", "x" * 40), (f"k{base + 1}", "x" * 40))
+    log.write(("k0", "y"), ("k1", "y"))  # supersedes the first segment's two records
+    assert log.cleaner.round()
+    entries = log.entries()
+    # 0..1 is left empty; the rest no longer fit in one 200-byte segment together.
+    assert (entries[0].base_offset, entries[0].last_offset) == (0, 3)
+    assert len(entries) > 1 and entries[-1].last_offset == 9
+    assert all(e.generation == 1 for e in entries)
+    for before, after in itertools.pairwise(entries):
+        assert after.base_offset == before.last_offset + 1
+    assert [offset for offset, _, _ in log.contents()] == [2, 3, 4, 5, 6, 7, 8, 9]
