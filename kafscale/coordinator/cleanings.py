@@ -154,7 +154,7 @@ class CleaningCommitter:
             operations.append(
                 Put(
                     self.keys.garbage_of(topic, partition, base, generation),
-                    records.encode(GarbageRecord(objects, due)),
+                    records.encode(GarbageRecord(objects, due, topic, request.topic_id)),
                 )
             )
         return operations

@@ -4,9 +4,11 @@ transaction that stops every reader from finding them).
 
 On the broker holding the chores, ``sweep`` runs at most every ``SWEEP_INTERVAL_MS``: it reads
 the garbage records, deletes the objects of those due (one DeleteObjects request) and then the
-records (one transaction, each compared at the revision read). An object store failure leaves the
-records for the next sweep; deleting an object twice (a chores hand-over between the deletes and
-the transaction) is harmless. At most ``SWEEP_LIMIT`` records per sweep.
+records (one transaction, each compared at the revision read). A record whose topic is gone, or
+is another topic of the same name now, is dropped without deleting anything: the deletion of
+the topic removed its objects, and the new topic's may have the same keys. An object store
+failure leaves the records for the next sweep; deleting an object twice (a chores hand-over
+between the deletes and the transaction) is harmless. At most ``SWEEP_LIMIT`` records per sweep.
 """
 
 from __future__ import annotations
@@ -68,10 +70,25 @@ class GarbageCollector:
                     break
         if not due:
             return 0
-        self.objects.delete_many([key for _, record in due for key in record.objects])
+        ids: dict[str, str | None] = {}
+        for _, record in due:
+            if record.topic not in ids:
+                found = self.store.get(self.keys.topic(record.topic))
+                ids[record.topic] = None if found is None else topic_id(found.value)
+        doomed = [key for _, r in due if ids[r.topic] == r.topic_id for key in r.objects]
+        if doomed:
+            self.objects.delete_many(doomed)
         self.store.transaction(
             [Compare(kv.key, mod_revision=kv.mod_revision) for kv, _ in due],
             [Delete(kv.key) for kv, _ in due],
         )
-        log.info("replaced objects deleted", extra={"records": len(due)})
+        log.info("replaced objects deleted", extra={"records": len(due), "objects": len(doomed)})
         return len(due)
+
+
+def topic_id(value: bytes) -> str | None:
+    """The id in a topic record; None if it does not decode (its objects are then left)."""
+    try:
+        return records.decode_topic(value).topic_id
+    except msgspec.DecodeError:
+        return None

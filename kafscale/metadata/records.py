@@ -160,10 +160,14 @@ class WalRecord(msgspec.Struct, frozen=True):
 class GarbageRecord(msgspec.Struct, frozen=True):
     """Objects no record refers to any more (the segments a cleaning replaced), to delete once
     ``due_ms`` (wall clock) has passed: reads that found them before have until then to finish.
-    The chores broker deletes them, then this record (``kafscale.coordinator.garbage``)."""
+    The chores broker deletes them, then this record (``kafscale.coordinator.garbage``) -- only
+    while the topic they belong to is still ``topic_id``: a topic deleted meanwhile took its
+    objects with it, and one created again under its name may have written the same keys."""
 
     objects: list[str]
     due_ms: int
+    topic: str
+    topic_id: str
 
 
 class MemberRecord(msgspec.Struct, frozen=True):

@@ -306,3 +306,21 @@ def test_cleaned_segments_are_grouped_up_to_segment_bytes(tmp_path: Path) -> Non
     for before, after in itertools.pairwise(entries):
         assert after.base_offset == before.last_offset + 1
     assert [offset for offset, _, _ in log.contents()] == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_garbage_of_a_topic_created_again_deletes_nothing_of_the_new_one(log: Log) -> None:
+    log.write(("a", "1"), ("a", "2"))
+    assert log.cleaner.round()
+    # The topic is deleted and created again under its name; its first segment has the key
+    # the cleaning replaced.
+    log.store.put(
+        log.keys.topic(TOPIC),
+        records.encode(TopicRecord(TOPIC, "another-id", 1, {"cleanup.policy": "compact"})),
+    )
+    reused = segments.segment_key(NS, TOPIC, 0, 0)
+    log.objects.delete(reused)
+    log.objects.put_if_absent(reused, b"the new topic's segment")
+    garbage = GarbageCollector(log.store, log.objects, log.keys, lambda: log.now)
+    assert garbage.sweep(log.now + GRACE_MS) == 1
+    assert log.objects.get(reused) == b"the new topic's segment"
+    assert log.store.get_prefix(log.keys.garbage) == []
