@@ -7,8 +7,8 @@
 #   python  .venv with `pip install -e '.[test,spark,operator,console]'` (step `broker`:
 #           `pip install -e .`, the broker alone, for scripts/serve.sh; step `console`:
 #           `pip install -e '.[console]'`, for scripts/console.sh)
-#   java    the kafka-clients probe, Kafka's admin tools and a Streams app, tests/java/target (see
-#           tests/java/pom.xml)
+#   java    the kafka-clients probe, Kafka's tools, a Streams app and a Connect source connector,
+#           tests/java/target (see tests/java/pom.xml)
 #   franz-go  the franz-go driver of the compatibility tests (tests/compat/go/install.sh)
 #   kafkajs   kafkajs and its codecs from npm (tests/compat/node/install.sh)
 #   spark-kafka  Spark's Kafka source jars from Maven Central into tests/compat/spark/target/jars
@@ -212,10 +212,11 @@ install_java() {
         } | sha256sum | cut -d' ' -f1
     )"
     # The key covers every module's pom.xml (a new or changed module rebuilds) and the probe's
-    # and the Streams application's sources; the directories are checked too, in case one was
-    # removed by hand.
+    # and the Streams and Connect test code's sources; the directories are checked too, in case
+    # one was removed by hand.
     local dir built=1
-    for dir in probe/classes lib-3.9 lib-4 tools-4 streams-4/classes lib-streams-4; do
+    for dir in probe/classes lib-3.9 lib-4 tools-4 streams-4/classes lib-streams-4 \
+        connect-4/classes; do
         [[ -d $target/$dir ]] || built=0
     done
     if [[ -f $stamp && $(<"$stamp") == "$key" && $built -eq 1 ]]; then
