@@ -230,8 +230,9 @@ install_java() {
         die java "mvn package in $JAVA_DIR" "$log"
     fi
     printf '%s\n' "$key" >"$stamp"
-    say java "built probe and tools, $(cd "$target" &&
-        echo lib-*/kafka-clients-*.jar tools-4/kafka-tools-[0-9]*.jar)"
+    say java "built the probe, tools, Streams app and Connect source, $(cd "$target" &&
+        echo lib-3.9/kafka-clients-*.jar lib-4/kafka-clients-*.jar tools-4/kafka-tools-[0-9]*.jar \
+            lib-streams-4/kafka-streams-*.jar)"
 }
 
 # --- compatibility drivers (each step's script prints its own line) -------------------------
