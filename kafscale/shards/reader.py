@@ -323,8 +323,12 @@ class ReadPath:
     def _reread(
         self, op: FetchOp, partition: PartitionLog, part: Part, ok: bool, gone: BaseException | None
     ) -> None:
-        """After the entry list was reloaded for a chunk found gone: read once more."""
-        if ok:
+        """After the entry list was reloaded for an entry found gone: read once more (or, if
+        retention or DeleteRecords moved the log start past it meanwhile, out of range)."""
+        if ok and part.at < partition.log_start_offset:
+            part.error = ErrorCode.offset_out_of_range
+            part.message = f"offset {part.at} is below the log start {partition.log_start_offset}"
+        elif ok:
             self._plan_at(op, partition, part, part.at)
         else:
             self.read_failed(part, f"{partition.topic}-{partition.partition}", gone)

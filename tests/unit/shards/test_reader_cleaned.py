@@ -19,6 +19,7 @@ from kafscale.shards.reads import SegmentRef
 from kafscale.shards.segments import CommittedSegments
 from kafscale.storage import segment as segments
 from tests.unit.shards.test_reader import T0, TOPIC, Rig
+from tests.unit.shards.test_reader_chunks import with_metadata
 
 
 def batch(base: int, count: int) -> bytes:
@@ -141,3 +142,34 @@ def test_ranged_reads_of_a_cleaned_segment(log: CleanedLog) -> None:
     assert reads.read_range(log.rig.store, empty_ref, None, 20, 1) is None
     whole = reads.read_segment(log.rig.store, empty_ref)
     assert whole.complete and whole.starts == () and not whole.holds(20)
+
+
+def test_a_cleaned_away_segment_found_gone_reloads_the_entries(
+    log: CleanedLog, tmp_path: Any
+) -> None:
+    # The shard missed the SegmentsCleaned notice: its list still names the segment the
+    # cleaner replaced, whose objects the grace has since deleted.
+    rig = log.rig
+    _, _, last = log.entries
+    cleaned = log.put([batch(12, 1)], (0, 39), generation=2)
+    with_metadata(rig, tmp_path, [cleaned, last])
+    rig.store.delete(segments.segment_key(log.namespace, TOPIC, 0, 0, 1))
+    rig.store.delete(segments.index_key(log.namespace, TOPIC, 0, 0, 1))
+    result, offsets = log.fetch(3)
+    assert result.error_code == ErrorCode.none
+    assert offsets == [12]
+    assert list(rig.partition.segments) == [cleaned, last]
+
+
+def test_an_entry_gone_below_a_log_start_moved_meanwhile_is_out_of_range(
+    log: CleanedLog, tmp_path: Any
+) -> None:
+    rig = log.rig
+    with_metadata(rig, tmp_path, [log.entries[2]])
+    rig.store.delete(segments.segment_key(log.namespace, TOPIC, 0, 0, 1))
+    rig.store.delete(segments.index_key(log.namespace, TOPIC, 0, 0, 1))
+    rig.fetch(3)  # planned at log start 0; its read finds the segment gone
+    rig.partition.log_start_offset = 40  # retention deleted 0..39 meanwhile
+    rig.wait_for(lambda: bool(rig.replies.sent))
+    [(result, values)] = rig.answers()
+    assert result.error_code == ErrorCode.offset_out_of_range and values == []
