@@ -12,7 +12,8 @@ round that cleaned something, a round:
 3. GETs its dirty segments and fills the offset map (``KAFSCALE_CLEANER_BUFFER_BYTES``; a dirty
    section with more keys is cleaned up to the segment that filled it), GETs the clean ones,
    rewrites every batch (``kafscale.cleaner.rewrite``) and groups the results into segments of
-   up to ``segment.bytes`` (``plan.Grouping``);
+   up to ``segment.bytes`` (``plan.Grouping``). A dirty segment is read twice, for the map and
+   to rewrite, so that one segment at most is held, as Kafka's cleaner reads it twice;
 4. puts each new segment's ``.kfs`` and ``.index`` at its generation's keys (1 + that of the
    segment it starts at) with put-if-absent: a key taken (an earlier attempt, or another owner
    racing for the partition) moves the whole cleaning to the next generation, so an object is
@@ -338,9 +339,9 @@ class Cleaner:
             covers=(first.base_offset, last.last_offset),
         )
         base = first.base_offset
-        topic, partition = candidate.topic, candidate.partition
-        kfs_key = segments.segment_key(self.namespace, topic, partition, base, generation)
-        index_key = segments.index_key(self.namespace, topic, partition, base, generation)
+        kfs_key, index_key = segments.object_keys(
+            self.namespace, candidate.topic, candidate.partition, base, generation
+        )
         if not self.objects.put_if_absent(kfs_key, kfs):
             return None
         if not self.objects.put_if_absent(index_key, index):
@@ -361,12 +362,14 @@ class Cleaner:
 
     def _delete(self, candidate: Candidate, written: list[SegmentRecord]) -> None:
         """Delete the objects of new segments no commit refers to (this cleaning's own)."""
-        keys = []
-        for s in written:
-            base, generation = s.base_offset, s.generation
-            topic, partition = candidate.topic, candidate.partition
-            keys.append(segments.segment_key(self.namespace, topic, partition, base, generation))
-            keys.append(segments.index_key(self.namespace, topic, partition, base, generation))
+        topic, partition = candidate.topic, candidate.partition
+        keys = [
+            key
+            for s in written
+            for key in segments.object_keys(
+                self.namespace, topic, partition, s.base_offset, s.generation
+            )
+        ]
         if keys:
             try:
                 self.objects.delete_many(keys)

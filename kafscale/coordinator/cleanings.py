@@ -147,10 +147,7 @@ class CleaningCommitter:
             if kv.key not in new_keys:
                 operations.append(Delete(kv.key))
             base, generation = old.base_offset, old.generation
-            objects = [
-                segments.segment_key(self.namespace, topic, partition, base, generation),
-                segments.index_key(self.namespace, topic, partition, base, generation),
-            ]
+            objects = list(segments.object_keys(self.namespace, topic, partition, base, generation))
             operations.append(
                 Put(
                     self.keys.garbage_of(topic, partition, base, generation),

@@ -207,9 +207,8 @@ class RetentionCleaner:
                 key
                 for s in doomed
                 if not s.is_chunk
-                for key in (
-                    segments.segment_key(ns, topic.name, partition, s.base_offset, s.generation),
-                    segments.index_key(ns, topic.name, partition, s.base_offset, s.generation),
+                for key in segments.object_keys(
+                    ns, topic.name, partition, s.base_offset, s.generation
                 )
             ]
         )

@@ -11,7 +11,6 @@ process of a broker imports this package, and on the embedded backend none of th
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from kafscale.config import Config
 from kafscale.storage.local import LocalObjectStore
@@ -23,9 +22,6 @@ from kafscale.storage.objects import (
     ObjectStoreUnavailable,
 )
 
-if TYPE_CHECKING:
-    from kafscale.storage.s3 import S3ObjectStore
-
 __all__ = [
     "LocalObjectStore",
     "ObjectInfo",
@@ -33,7 +29,6 @@ __all__ = [
     "ObjectStore",
     "ObjectStoreError",
     "ObjectStoreUnavailable",
-    "S3ObjectStore",
     "open_object_store",
 ]
 
@@ -54,11 +49,3 @@ def open_object_store(config: Config) -> ObjectStore:
             ca_file=config.s3_ca_file or None,
         )
     return LocalObjectStore(os.path.join(config.data_dir, "segments"))
-
-
-def __getattr__(name: str) -> object:
-    if name == "S3ObjectStore":
-        from kafscale.storage.s3 import S3ObjectStore
-
-        return S3ObjectStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -206,6 +206,16 @@ def index_key(
     return _object_key(namespace, topic, partition, base_offset, "index", generation)
 
 
+def object_keys(
+    namespace: str, topic: str, partition: int, base_offset: int, generation: int = 0
+) -> tuple[str, str]:
+    """A segment's two objects: its ``.kfs`` and its ``.index``."""
+    return (
+        segment_key(namespace, topic, partition, base_offset, generation),
+        index_key(namespace, topic, partition, base_offset, generation),
+    )
+
+
 def parse_segment_key(key: str) -> SegmentKey | None:
     """The parts of a segment or index key, or None if ``key`` is not one we would write."""
     match = _KEY.fullmatch(key)

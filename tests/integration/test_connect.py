@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -20,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from tests.harness.clients import find_java
+from tests.harness.jvm import JavaProcess
 from tests.harness.paths import JAVA_TARGET
 from tests.harness.procs import free_port
 
 from .test_retention import entries
+from .test_streams import policy
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +31,7 @@ ENV = {"KAFSCALE_COMPACTION_MAX_AGE_MS": "1000", "KAFSCALE_CLEANER_BACKOFF_MS": 
 INTERNAL = {"config": "connect-configs", "offset": "connect-offsets", "status": "connect-status"}
 
 
-class Worker:
+class Worker(JavaProcess):
     """A Connect worker in distributed mode as a process, its log in a file."""
 
     def __init__(self, bootstrap: str, work: Path, name: str) -> None:
@@ -55,18 +54,9 @@ class Worker:
         properties.write_text("\n".join(lines) + "\n")
         classpath = f"{JAVA_TARGET / 'connect-4' / 'classes'}{os.pathsep}"
         classpath += f"{JAVA_TARGET / 'tools-4'}/*"
-        self.log = work / f"{name}.log"
-        self.out = self.log.open("w")
-        self.process = subprocess.Popen(
-            [
-                find_java(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xmx512m",
-                "-cp", classpath, "org.apache.kafka.connect.cli.ConnectDistributed",
-                str(properties),
-            ],
-            stdout=self.out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        main = "org.apache.kafka.connect.cli.ConnectDistributed"
+        flags = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xmx512m"]
+        super().__init__(classpath, main, [str(properties)], work / f"{name}.log", flags)
 
     def rest(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -98,23 +88,6 @@ class Worker:
         return status["connector"]["state"] == "RUNNING" and [t["state"] for t in tasks] == [
             "RUNNING"
         ]
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(60)
-        finally:
-            self.out.close()
-        assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM), self.tail()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(30)
-        self.out.close()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
 
 
 def counted(bootstrap: str) -> list[int]:
@@ -166,7 +139,7 @@ def test_a_distributed_worker_keeps_its_connectors_and_offsets_in_compacted_topi
     # Connect made its topics compacted; the offsets topic, one record per flush for one key,
     # is cleaned down to that key's latest.
     for topic in INTERNAL.values():
-        assert topic_configs(bootstrap, topic)["cleanup.policy"] == "compact", topic
+        assert policy(bootstrap, topic) == "compact", topic
     deadline = time.monotonic() + 90
     while True:
         log = entries(broker, INTERNAL["offset"])
@@ -189,12 +162,3 @@ def test_a_distributed_worker_keeps_its_connectors_and_offsets_in_compacted_topi
     resumed = after[len(before)]
     assert 0 < resumed <= before[-1] + 1, (resumed, before[-1])
     assert after[len(before) :] == list(range(resumed, resumed + len(after) - len(before)))
-
-
-def topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
-    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    described = admin.describe_configs([resource])[resource].result(30)
-    return {name: entry.value for name, entry in described.items()}

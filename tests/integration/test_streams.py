@@ -8,8 +8,6 @@ state, restores the counts from the cleaned changelog and carries on counting fr
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,9 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.harness.clients import JVM_FLAGS, find_java
+from tests.harness.clients import JVM_FLAGS
+from tests.harness.jvm import JavaProcess
 from tests.harness.paths import JAVA_TARGET
 
+from .test_admin import confluent_configs
 from .test_retention import create, entries
 
 pytestmark = pytest.mark.integration
@@ -31,45 +31,25 @@ ENV = {"KAFSCALE_COMPACTION_MAX_AGE_MS": "1000", "KAFSCALE_CLEANER_BACKOFF_MS": 
 WORDS = ["apple", "banana", "cherry", "damson", "elder"]
 
 
-class WordCount:
-    """The Streams application as a process; its stdout (state changes) in a file."""
+class WordCount(JavaProcess):
+    """The Streams application; its stdout (state changes) in a log file."""
 
     def __init__(self, bootstrap: str, state_dir: Path, log: Path) -> None:
         classpath = f"{JAVA_TARGET / 'streams-4' / 'classes'}{os.pathsep}"
         classpath += f"{JAVA_TARGET / 'lib-streams-4'}/*"
-        self.log = log
-        self.out = log.open("w")
-        self.process = subprocess.Popen(
-            [
-                find_java(), *JVM_FLAGS, "-cp", classpath, "io.kafscale.streams.WordCount",
-                bootstrap, APP, "lines", "counts", str(state_dir),
-            ],
-            stdout=self.out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        args = [bootstrap, APP, "lines", "counts", str(state_dir)]
+        super().__init__(classpath, "io.kafscale.streams.WordCount", args, log, JVM_FLAGS)
 
     def wait_running(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while "STATE RUNNING" not in self.log.read_text():
-            assert self.process.poll() is None, self.log.read_text()[-4000:]
-            assert time.monotonic() < deadline, self.log.read_text()[-4000:]
+            assert self.process.poll() is None, self.tail()
+            assert time.monotonic() < deadline, self.tail()
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(60)
-        finally:
-            self.out.close()
-        assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM), self.log.read_text()[-4000:]
-        assert "STATE ERROR" not in self.log.read_text(), self.log.read_text()[-4000:]
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(30)
-        self.out.close()
+        super().stop()
+        assert "STATE ERROR" not in self.log.read_text(), self.tail()
 
 
 def produce_lines(bootstrap: str, lines: list[str]) -> None:
@@ -145,8 +125,7 @@ def test_word_count_restores_its_state_from_a_cleaned_changelog(
         first.kill()
 
     # Streams created the changelog compacted; the cleaner leaves one record per word in it.
-    changelog = changelog_configs(bootstrap)
-    assert changelog["cleanup.policy"] == "compact"
+    assert policy(bootstrap, CHANGELOG) == "compact"
     deadline = time.monotonic() + 90
     while True:
         log = entries(broker, CHANGELOG)
@@ -169,10 +148,9 @@ def test_word_count_restores_its_state_from_a_cleaned_changelog(
         second.kill()
 
 
-def changelog_configs(bootstrap: str) -> dict[str, str]:
-    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+def policy(bootstrap: str, topic: str) -> str | None:
+    """The topic's cleanup.policy, as DescribeConfigs gives it."""
+    from confluent_kafka.admin import AdminClient, ResourceType
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    resource = ConfigResource(ResourceType.TOPIC, CHANGELOG)
-    described = admin.describe_configs([resource])[resource].result(30)
-    return {name: entry.value for name, entry in described.items()}
+    return confluent_configs(admin, ResourceType.TOPIC, topic)["cleanup.policy"][0]

@@ -26,10 +26,10 @@ from kafscale.storage import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreUnavailable,
-    S3ObjectStore,
     open_object_store,
 )
 from kafscale.storage.local import TEMP_PREFIX
+from kafscale.storage.s3 import S3ObjectStore
 from tests.harness.tls import make_pki
 
 MiB = 1024 * 1024
