@@ -133,6 +133,9 @@ class Config:
     offsets_topic_partitions: int
     group_min_session_timeout_ms: int
     group_max_session_timeout_ms: int
+    group_consumer_session_timeout_ms: int
+    group_consumer_heartbeat_interval_ms: int
+    group_consumer_max_size: int
     fetch_unflushed: bool
     buffer_bytes: int
     s3_latency_threshold_ms: int

@@ -211,12 +211,34 @@ S3_GET_SECONDS = Histogram(
 
 # -- consumer groups -----------------------------------------------------------------------------
 GROUPS = Gauge(
-    "kafscale_groups", "Consumer groups by state", ["state"], multiprocess_mode="livemax"
+    "kafscale_groups",
+    "Consumer groups by type (classic, consumer: KIP-848) and state",
+    ["type", "state"],
+    multiprocess_mode="livemax",
 )
 GROUP_MEMBERS = Gauge(
-    "kafscale_group_members", "Members of consumer groups", multiprocess_mode="livemax"
+    "kafscale_group_members",
+    "Members of consumer groups by group type",
+    ["type"],
+    multiprocess_mode="livemax",
 )
-REBALANCES = Counter("kafscale_group_rebalances", "Completed group rebalances (join phases)")
+REBALANCES = Counter(
+    "kafscale_group_rebalances", "Completed rebalances of classic groups (join phases)"
+)
+CONSUMER_GROUP_REBALANCES = Counter(
+    "kafscale_consumer_group_rebalances",
+    "Group epoch bumps of consumer (KIP-848) groups: each makes their members reconcile",
+)
+CONSUMER_GROUP_HEARTBEATS = Counter(
+    "kafscale_consumer_group_heartbeats",
+    "ConsumerGroupHeartbeat requests answered, by error (NONE: served)",
+    ["error"],
+)
+CONSUMER_GROUP_FENCED_MEMBERS = Counter(
+    "kafscale_consumer_group_fenced_members",
+    "Members removed from consumer groups, by reason (left, session timeout, rebalance timeout)",
+    ["reason"],
+)
 OFFSET_COMMITS = Counter("kafscale_offset_commits", "Partition offsets committed by groups")
 CONSUMER_LAG = Gauge(
     "kafscale_consumer_lag",

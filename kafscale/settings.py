@@ -731,6 +731,25 @@ SETTINGS: tuple[Setting, ...] = (
         "Largest session timeout a consumer may ask for",
     ),
     Setting(
+        "group_consumer_session_timeout_ms",
+        "45000",
+        _int_in(1, 3_600_000),
+        "Session timeout of members of consumer (KIP-848, group.protocol=consumer) groups: "
+        "removed when they do not heartbeat for this long",
+    ),
+    Setting(
+        "group_consumer_heartbeat_interval_ms",
+        "5000",
+        _int_in(1, 3_600_000),
+        "How often members of consumer (KIP-848) groups heartbeat; below the session timeout",
+    ),
+    Setting(
+        "group_consumer_max_size",
+        "2147483647",
+        _int_in(1, 2_147_483_647),
+        "Most members one consumer (KIP-848) group may have (GROUP_MAX_SIZE_REACHED beyond)",
+    ),
+    Setting(
         "fetch_unflushed",
         "false",
         parse_bool,

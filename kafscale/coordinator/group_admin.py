@@ -3,7 +3,8 @@ DeleteGroups, on the state machine's groups (``group_membership.Membership``). P
 
 As on Kafka, each broker answers for the groups it coordinates: ListGroups lists only those
 (admin clients ask every broker), DescribeGroups and DeleteGroups answer NOT_COORDINATOR for the
-others. An unknown group is described as Dead; only an empty group can be deleted, its committed
+others. An unknown group is described as Dead (GROUP_ID_NOT_FOUND, which the frontend gives
+DescribeGroups v6+ only; so is a consumer group); only an empty group can be deleted, its committed
 offsets with it.
 """
 
@@ -22,10 +23,31 @@ def describe(core: Membership, request: messages.DescribeGroups) -> messages.Gro
             code = int(ErrorCode.not_coordinator)
             described.append(messages.GroupDescription(group_id, code, "", "", "", []))
             continue
-        group = core.groups.get(group_id)
-        if group is None:
+        if group_id in core.consumer.groups:  # Kafka: v6+ says so, older ones see it Dead
             described.append(
-                messages.GroupDescription(group_id, 0, GroupState.DEAD.value, "", "", [])
+                messages.GroupDescription(
+                    group_id,
+                    int(ErrorCode.group_id_not_found),
+                    GroupState.DEAD.value,
+                    "",
+                    "",
+                    [],
+                    f"Group {group_id} is not a classic group.",
+                )
+            )
+            continue
+        group = core.groups.get(group_id)
+        if group is None:  # Kafka: v6+ says so (KIP-1043), older ones see it Dead
+            described.append(
+                messages.GroupDescription(
+                    group_id,
+                    int(ErrorCode.group_id_not_found),
+                    GroupState.DEAD.value,
+                    "",
+                    "",
+                    [],
+                    f"Group {group_id} not found.",
+                )
             )
             continue
         stable = group.state is GroupState.STABLE and group.protocol is not None
@@ -55,13 +77,18 @@ def describe(core: Membership, request: messages.DescribeGroups) -> messages.Gro
 
 def list_groups(core: Membership, request: messages.ListGroups) -> messages.GroupsListed:
     states = {s.lower() for s in request.states}
-    if request.types and "classic" not in {t.lower() for t in request.types}:
-        return messages.GroupsListed([])  # every group here is a classic group
-    listed = [
-        messages.GroupListing(g.group_id, g.protocol_type or "", g.state.value)
-        for g in core.groups.values()
-        if (not states or g.state.value.lower() in states) and core.coordinates(g.group_id)
-    ]
+    types = {t.lower() for t in request.types}
+    listed = []
+    if not types or "classic" in types:
+        listed += [
+            messages.GroupListing(g.group_id, g.protocol_type or "", g.state.value)
+            for g in core.groups.values()
+            if (not states or g.state.value.lower() in states)
+            and core.coordinates(g.group_id)
+            and g.group_id not in core.consumer.groups  # only its offsets are classic-kept
+        ]
+    if not types or "consumer" in types:
+        listed += core.consumer.listings(states)
     return messages.GroupsListed(sorted(listed, key=lambda g: g.group_id))
 
 
@@ -69,7 +96,10 @@ def delete(core: Membership, request: messages.DeleteGroups) -> messages.GroupsD
     results = []
     for group_id in request.group_ids:
         group = core.groups.get(group_id)
-        if not core.coordinates(group_id):
+        consumer = core.consumer.delete(group_id) if core.coordinates(group_id) else None
+        if consumer is not None and (consumer is not ErrorCode.none or group is None):
+            results.append((group_id, int(consumer)))  # refused, or no offsets to delete
+        elif not core.coordinates(group_id):
             results.append((group_id, int(ErrorCode.not_coordinator)))
         elif group is None or group.state is GroupState.DEAD:
             results.append((group_id, int(ErrorCode.group_id_not_found)))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
+from kafscale.coordinator.consumer_groups.model import ConsumerSettings
 from kafscale.coordinator.group_model import (
     Group,
     GroupSettings,
@@ -39,9 +41,14 @@ class Membership:
         store: GroupStore,
         send: Send,
         coordinates: Callable[[str], bool],
+        consumer: ConsumerGroups | None = None,
     ) -> None:
         """``coordinates(group_id)``: whether this broker coordinates the group now; requests
-        for any other group are answered NOT_COORDINATOR."""
+        for any other group are answered NOT_COORDINATOR. ``consumer``: the consumer (KIP-848)
+        groups of the same ids, which the classic requests must not take for theirs."""
+        self.consumer = consumer or ConsumerGroups(
+            ConsumerSettings(), store, coordinates, lambda: {}
+        )
         self.settings = settings
         self.store = store
         self.send = send
@@ -52,6 +59,8 @@ class Membership:
     def forget(self, group_ids: Iterable[str]) -> None:
         """This broker no longer coordinates these groups: their waiting members are answered
         NOT_COORDINATOR (they look the coordinator up again) and nothing of them is kept."""
+        group_ids = list(group_ids)
+        self.consumer.forget(group_ids)
         for group_id in group_ids:
             group = self.groups.pop(group_id, None)
             if group is not None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kafscale.ipc import messages
+from kafscale.metadata.group_records import ConsumerGroupRecord, ConsumerMemberRecord
 from kafscale.metadata.records import GroupRecord, MemberRecord, OffsetRecord
 from kafscale.protocol.errors import ErrorCode
 
@@ -48,6 +49,17 @@ class GroupStore(Protocol):
     def save_offsets(self, group_id: str, offsets: dict[TopicPartition, OffsetRecord]) -> None: ...
 
     def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None: ...
+
+    # Consumer (KIP-848) groups: ``consumer_groups.coordinator.ConsumerGroupStore``.
+    def save_consumer(
+        self,
+        group_id: str,
+        members: Sequence[ConsumerMemberRecord],
+        removed: Iterable[str],
+        group: ConsumerGroupRecord | None,
+    ) -> None: ...
+
+    def delete_consumer(self, group_id: str) -> None: ...
 
 
 def store_error(exc: Exception) -> ErrorCode:

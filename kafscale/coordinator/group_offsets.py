@@ -63,6 +63,8 @@ def _commit_error(core: Membership, request: messages.OffsetCommit) -> ErrorCode
         return ErrorCode.invalid_group_id
     if not core.coordinates(request.group_id):
         return ErrorCode.not_coordinator
+    if request.group_id in core.consumer.groups:
+        return core.consumer.commit_error(request)
     if group is not None and group.state is GroupState.DEAD:
         return ErrorCode.coordinator_not_available
     if simple and (group is None or group.state is GroupState.EMPTY):
@@ -83,6 +85,10 @@ def fetch(core: Membership, request: messages.OffsetFetch) -> messages.OffsetFet
         if not core.coordinates(query.group_id):
             code = int(ErrorCode.not_coordinator)
             results.append(messages.GroupOffsets(query.group_id, code, []))
+            continue
+        refused = core.consumer.fetch_error(query)
+        if refused is not None:
+            results.append(messages.GroupOffsets(query.group_id, int(refused), []))
             continue
         group = core.groups.get(query.group_id)
         committed = group.offsets if group is not None else {}
@@ -112,6 +118,7 @@ def delete(
     if group is None or group.state is GroupState.DEAD:
         return messages.OffsetsDeleted(int(ErrorCode.group_id_not_found))
     busy = subscribed(group) if group.state is not GroupState.EMPTY else set()
+    busy |= core.consumer.subscribed_names(group.group_id)
     results, doomed = [], []
     for topic, partition in request.partitions:
         if topic in busy:

@@ -29,20 +29,24 @@ import logging
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from kafscale import metrics
 from kafscale.coordinator.assignment import Partition
+from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
+from kafscale.coordinator.consumer_groups.machine import Topics
+from kafscale.coordinator.consumer_groups.model import ConsumerSettings
 from kafscale.coordinator.group_store import MetadataGroupStore
 from kafscale.coordinator.groups import Group, GroupCoordinator, GroupSettings, GroupState
-from kafscale.ipc import messages
+from kafscale.ipc import consumer_groups, messages
 from kafscale.ipc.rpc import Handler, Incoming
 from kafscale.metadata import records
 from kafscale.metadata.group_partition import group_partition
-from kafscale.metadata.records import Keys, LeaderRecord
+from kafscale.metadata.records import Keys, LeaderRecord, TopicRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.metadata.topic_names import OFFSETS_TOPIC
+from kafscale.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +83,29 @@ class GroupService:
         settings: GroupSettings,
         high_watermarks: dict[tuple[str, int], int],
         owners: Ownership,
+        consumer_settings: ConsumerSettings | None = None,
+        topics: Callable[[], Mapping[str, TopicRecord]] = dict,
     ) -> None:
+        """``topics()``: the cluster's topics as this process's view has them now."""
         self.store = store
         self.keys = Keys(namespace)
         self.server = server
         self.owners = owners
         self.group_store = MetadataGroupStore(store, namespace, self._coordinating)
-        self.groups = GroupCoordinator(settings, self.group_store, self._send, self._coordinates)
+        self._topic_records = topics
+        self._topics_seen: Mapping[str, TopicRecord] | None = None
+        self._topics: Topics = {}
+        self.consumer = ConsumerGroups(
+            consumer_settings or ConsumerSettings(),
+            self.group_store,
+            self._coordinates,
+            self._current_topics,
+        )
+        self.groups = GroupCoordinator(
+            settings, self.group_store, self._send, self._coordinates, self.consumer
+        )
+        self._consumer_rebalances = 0
+        self._consumer_topics: Topics | None = None  # the topics the groups last saw
         self.high_watermarks = high_watermarks  # kept current by the partition committer
         self._next_tick = self._next_lag = 0
         self._rebalances = 0
@@ -119,6 +139,8 @@ class GroupService:
                 messages.OffsetDelete: lambda i: self.groups.delete_offsets(
                     _as(i, messages.OffsetDelete), subscribed_topics
                 ),
+                consumer_groups.ConsumerGroupHeartbeat: self._consumer_heartbeat,
+                consumer_groups.ConsumerGroupDescribe: self._consumer_describe,
             }.items()
         }
 
@@ -142,6 +164,28 @@ class GroupService:
 
     def _sync(self, incoming: Incoming) -> None:
         self.groups.sync(incoming, _as(incoming, messages.SyncGroup), now_ms())
+
+    def _consumer_heartbeat(
+        self, incoming: Incoming
+    ) -> consumer_groups.ConsumerGroupHeartbeatResult:
+        request = _as(incoming, consumer_groups.ConsumerGroupHeartbeat)
+        classic = self.groups.groups.get(request.group_id)
+        busy = classic is not None and (bool(classic.members) or bool(classic.pending))
+        result = self.consumer.heartbeat(request, busy, now_ms())
+        metrics.CONSUMER_GROUP_HEARTBEATS.labels(_error_name(result.error_code)).inc()
+        return result
+
+    def _consumer_describe(self, incoming: Incoming) -> consumer_groups.ConsumerGroupsDescribed:
+        request = _as(incoming, consumer_groups.ConsumerGroupDescribe)
+        return consumer_groups.ConsumerGroupsDescribed(self.consumer.describe(request.group_ids))
+
+    def _current_topics(self) -> Topics:
+        """The topics as the consumer groups see them: name -> (id, partitions)."""
+        seen = self._topic_records()
+        if seen is not self._topics_seen:
+            self._topics_seen = seen
+            self._topics = {name: (t.topic_id, t.partitions) for name, t in seen.items()}
+        return self._topics
 
     def _commit(self, incoming: Incoming) -> messages.OffsetCommitResult:
         result = self.groups.commit(_as(incoming, messages.OffsetCommit), now_ms())
@@ -178,7 +222,13 @@ class GroupService:
     def _forget_partition(self, number: int) -> bool:
         """Forget the groups of offsets partition ``number``; whether we were serving it."""
         served = self._served.pop(number, None) is not None
-        self.groups.forget([g for g in list(self.groups.groups) if self._partition(g) == number])
+        self.groups.forget(
+            [
+                g
+                for g in {*self.groups.groups, *self.consumer.groups}
+                if self._partition(g) == number
+            ]
+        )
         return served
 
     def _load(self) -> None:
@@ -189,20 +239,28 @@ class GroupService:
         partitions = records.decode_topic(kv.value).partitions if kv is not None else 0
         if partitions != self._partitions:
             # The first load, or the topic was created again: every group may map elsewhere.
-            self.groups.forget(list(self.groups.groups))
+            self.groups.forget([*self.groups.groups, *self.consumer.groups])
             self._loading = {**self._served, **self._loading}
             self._served = {}
             self._partitions = partitions
         if not partitions:
             return  # the topic is gone: the driver closes its partitions
         loading = self._loading
-        loaded, offsets = self.group_store.load(lambda g: group_partition(g, partitions) in loading)
+        wanted = lambda g: group_partition(g, partitions) in loading  # noqa: E731
+        loaded, offsets = self.group_store.load(wanted)
+        consumer = self.group_store.load_consumer(wanted)
         self.groups.load(loaded, offsets, now_ms())
+        self.consumer.load(consumer, now_ms())
         self._served.update(loading)
         self._loading = {}
         log.info(
             "coordinating groups",
-            extra={"partitions": sorted(loading), "groups": len(loaded), "offsets": len(offsets)},
+            extra={
+                "partitions": sorted(loading),
+                "groups": len(loaded),
+                "consumer_groups": len(consumer),
+                "offsets": len(offsets),
+            },
         )
 
     def _report_fences(self) -> None:
@@ -226,16 +284,34 @@ class GroupService:
         except MetadataStoreError as exc:  # the next tick (or request) tries again
             log.warning("cannot load groups yet", extra={"error": str(exc)})
         self.groups.tick(now)
+        if self._current_topics() is not self._consumer_topics:
+            self._consumer_topics = self._current_topics()
+            self.consumer.topics_changed(now)
+        self.consumer.tick(now)
         self._report_fences()
-        states = Counter(group.state for group in self.groups.groups.values())
-        for state in GroupState:
-            metrics.GROUPS.labels(state.value).set(states.get(state, 0))
-        metrics.GROUP_MEMBERS.set(sum(len(g.members) for g in self.groups.groups.values()))
-        metrics.REBALANCES.inc(self.groups.rebalances - self._rebalances)
-        self._rebalances = self.groups.rebalances
+        self._count_groups()
         if now >= self._next_lag:
             self._next_lag = now + LAG_MS
             self._update_lag()
+
+    def _count_groups(self) -> None:
+        classic = [g for g in self.groups.groups.values() if g.group_id not in self.consumer.groups]
+        states = Counter(group.state for group in classic)
+        for state in GroupState:
+            metrics.GROUPS.labels("classic", state.value).set(states.get(state, 0))
+        for consumer_state, count in self.consumer.states().items():
+            metrics.GROUPS.labels("consumer", consumer_state.value).set(count)
+        metrics.GROUP_MEMBERS.labels("classic").set(sum(len(g.members) for g in classic))
+        metrics.GROUP_MEMBERS.labels("consumer").set(
+            sum(len(g.members) for g in self.consumer.groups.values())
+        )
+        metrics.REBALANCES.inc(self.groups.rebalances - self._rebalances)
+        self._rebalances = self.groups.rebalances
+        metrics.CONSUMER_GROUP_REBALANCES.inc(self.consumer.rebalances - self._consumer_rebalances)
+        self._consumer_rebalances = self.consumer.rebalances
+        fenced, self.consumer.fenced = self.consumer.fenced, []
+        for reason in fenced:
+            metrics.CONSUMER_GROUP_FENCED_MEMBERS.labels(reason).inc()
 
     def _update_lag(self) -> None:
         for group in self.groups.groups.values():
@@ -257,6 +333,13 @@ class GroupService:
             known = records.decode_partition(kv.value).high_watermark if kv else 0
             self.high_watermarks[(topic, partition)] = known
         return known
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
 
 
 def _as(incoming: Incoming, kind: type[M]) -> M:

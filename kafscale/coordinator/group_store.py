@@ -23,9 +23,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 from kafscale.coordinator import leadership
 from kafscale.coordinator.group_model import NotCoordinator
-from kafscale.metadata import records
+from kafscale.metadata import group_records, records
+from kafscale.metadata.group_records import (
+    ConsumerGroupKeys,
+    ConsumerGroupRecord,
+    ConsumerMemberRecord,
+)
 from kafscale.metadata.records import GroupRecord, Keys, LeaderRecord, OffsetRecord
-from kafscale.metadata.store import Delete, MetadataStore, Operation, Put
+from kafscale.metadata.store import Delete, DeleteRange, MetadataStore, Operation, Put
 from kafscale.metadata.topic_names import OFFSETS_TOPIC
 
 TopicPartition = tuple[str, int]
@@ -39,6 +44,7 @@ class MetadataGroupStore:
     def __init__(self, store: MetadataStore, namespace: str, coordinating: Coordinating) -> None:
         self.store = store
         self.keys = Keys(namespace)
+        self.consumer_keys = ConsumerGroupKeys(self.keys.root)
         self.coordinating = coordinating
         self.fenced: list[tuple[int, int]] = []  # (offsets partition, epoch): fences that failed
 
@@ -65,6 +71,48 @@ class MetadataGroupStore:
 
     def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
         self._apply(group_id, [Delete(self.keys.offset(group_id, t, p)) for t, p in partitions])
+
+    def save_consumer(
+        self,
+        group_id: str,
+        members: Sequence[ConsumerMemberRecord],
+        removed: Iterable[str],
+        group: ConsumerGroupRecord | None,
+    ) -> None:
+        """A consumer group's step: members put and removed, then its group record (last: a
+        write split in chunks is complete once the group record is in)."""
+        keys = self.consumer_keys
+        operations: list[Operation] = [Delete(keys.member(group_id, m)) for m in sorted(removed)]
+        operations += [
+            Put(keys.member(group_id, m.member_id), group_records.encode(m)) for m in members
+        ]
+        if group is not None:
+            operations.append(Put(keys.group(group_id), group_records.encode(group)))
+        self._apply(group_id, operations)
+
+    def delete_consumer(self, group_id: str) -> None:
+        """Every key of a consumer group (its offsets stay: ``delete_group`` takes those)."""
+        prefix = self.consumer_keys.group_prefix(group_id)  # ends in "/": "0" follows it
+        self._apply(group_id, [DeleteRange(prefix, prefix[:-1] + "0")])
+
+    def load_consumer(
+        self, wanted: Callable[[str], bool]
+    ) -> dict[str, tuple[ConsumerGroupRecord, list[ConsumerMemberRecord]]]:
+        """The stored consumer groups ``wanted(group_id)`` selects. Members of a group without
+        a group record (what a deletion fenced halfway left) are left out."""
+        groups: dict[str, ConsumerGroupRecord] = {}
+        members: dict[str, list[ConsumerMemberRecord]] = {}
+        keys = self.consumer_keys
+        for kv in self.store.get_prefix(keys.prefix):
+            parsed = keys.parse(kv.key)
+            if parsed is None or not wanted(parsed[0]):
+                continue
+            group_id, member_id = parsed
+            if member_id is None:
+                groups[group_id] = group_records.decode_group(kv.value)
+            else:
+                members.setdefault(group_id, []).append(group_records.decode_member(kv.value))
+        return {g: (record, members.get(g, [])) for g, record in groups.items()}
 
     def _apply(self, group_id: str, operations: Sequence[Operation]) -> None:
         found = self.coordinating(group_id)

@@ -99,6 +99,13 @@ class GroupCoordinator(Membership):
         if error is not None:
             self.send(token, JoinGroupResult(int(error), member_id=request.member_id))
             return
+        if self.consumer.is_active(request.group_id):
+            self._join_fail(token, request, ErrorCode.inconsistent_group_protocol)
+            return
+        dropped = self.consumer.drop_empty(request.group_id)
+        if dropped is not None:
+            self._join_fail(token, request, dropped)
+            return
         group = self.groups.get(request.group_id)
         if group is None:
             if request.member_id:

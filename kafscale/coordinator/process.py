@@ -34,6 +34,7 @@ from .cleanings import CleaningCommitter
 from .commit_plan import Limits
 from .compactions import CompactionCommitter
 from .configs import ConfigAdmin
+from .consumer_groups.model import ConsumerSettings
 from .credentials import CredentialAdmin
 from .garbage import GarbageCollector
 from .group_service import TICK_MS, GroupService
@@ -112,6 +113,12 @@ def run(ctx: ChildContext) -> None:
             ),
             committer.high_watermarks,
             owners,  # the groups of the __consumer_offsets partitions it opens
+            ConsumerSettings(
+                session_timeout_ms=config.group_consumer_session_timeout_ms,
+                heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+                max_size=config.group_consumer_max_size,
+            ),
+            topics=lambda: owners.view.snapshot.topics,
         )
         owners.start(_now_ms())  # the first claims, before the shards and the flusher boot
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})

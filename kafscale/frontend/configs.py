@@ -76,6 +76,12 @@ KAFKA_NAMES: dict[str, tuple[str, ConfigType]] = {
     "offsets_topic_partitions": ("offsets.topic.num.partitions", ConfigType.INT),
     "group_min_session_timeout_ms": ("group.min.session.timeout.ms", ConfigType.INT),
     "group_max_session_timeout_ms": ("group.max.session.timeout.ms", ConfigType.INT),
+    "group_consumer_session_timeout_ms": ("group.consumer.session.timeout.ms", ConfigType.INT),
+    "group_consumer_heartbeat_interval_ms": (
+        "group.consumer.heartbeat.interval.ms",
+        ConfigType.INT,
+    ),
+    "group_consumer_max_size": ("group.consumer.max.size", ConfigType.INT),
     "ssl_client_auth": ("ssl.client.auth", ConfigType.STRING),
     "ssl_key_password": ("ssl.key.password", ConfigType.PASSWORD),
     "sasl_enabled_mechanisms": ("sasl.enabled.mechanisms", ConfigType.LIST),

@@ -11,6 +11,8 @@ from kafscale.frontend.handlers import (
     alter_configs,
     alter_user_scram_credentials,
     api_versions,
+    consumer_group_describe,
+    consumer_group_heartbeat,
     create_acls,
     create_partitions,
     create_topics,
@@ -85,6 +87,8 @@ _HANDLERS = (
     (list_groups, "ListGroups"),
     (delete_groups, "DeleteGroups"),
     (offset_delete, "OffsetDelete"),
+    (consumer_group_heartbeat, "ConsumerGroupHeartbeat"),
+    (consumer_group_describe, "ConsumerGroupDescribe"),
 )
 
 APIS: dict[int, Api] = {

@@ -22,6 +22,12 @@ import msgspec
 # ``Message`` is re-exported: callers name the base class ``messages.Message``.
 from kafscale.ipc.base import Message as Message
 from kafscale.ipc.cleaning import CommitCleaning, SegmentsCleaned
+from kafscale.ipc.consumer_groups import (
+    ConsumerGroupDescribe,
+    ConsumerGroupHeartbeat,
+    ConsumerGroupHeartbeatResult,
+    ConsumerGroupsDescribed,
+)
 from kafscale.ipc.log_admin import LogStartMoves, MoveLogStart
 from kafscale.ipc.write_path import (
     CommitCompaction,
@@ -503,6 +509,7 @@ class OffsetCommit(Message, frozen=True):
     member_id: str
     group_instance_id: str | None
     offsets: list[PartitionOffset]
+    version: int = 0  # members of consumer (KIP-848) groups need v9+
 
 
 class OffsetCommitResult(Message, frozen=True):
@@ -512,6 +519,9 @@ class OffsetCommitResult(Message, frozen=True):
 class GroupOffsetsQuery(msgspec.Struct, frozen=True):
     group_id: str
     partitions: list[tuple[str, int]] | None  # None: every partition with a committed offset
+    # v9+: a member of a consumer (KIP-848) group names itself and its epoch (-1: nobody)
+    member_id: str | None = None
+    member_epoch: int = -1
 
 
 class OffsetFetch(Message, frozen=True):
@@ -549,6 +559,7 @@ class GroupDescription(msgspec.Struct, frozen=True):
     protocol_type: str
     protocol: str
     members: list[MemberDescription]
+    error_message: str | None = None
 
 
 class GroupsDescribed(Message, frozen=True):
@@ -564,6 +575,7 @@ class GroupListing(msgspec.Struct, frozen=True):
     group_id: str
     protocol_type: str
     state: str
+    group_type: str = "classic"  # or "consumer" (KIP-848)
 
 
 class GroupsListed(Message, frozen=True):
@@ -656,6 +668,10 @@ AnyMessage = (
     | PartitionSealed
     | CommitCleaning
     | SegmentsCleaned
+    | ConsumerGroupHeartbeat
+    | ConsumerGroupHeartbeatResult
+    | ConsumerGroupDescribe
+    | ConsumerGroupsDescribed
 )
 
 _encoder = msgspec.msgpack.Encoder()

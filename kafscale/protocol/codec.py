@@ -152,11 +152,14 @@ def nested(schema: type[Any], name: str) -> type[Any]:
 
 
 def element(cls: type[Any], field_name: str) -> type[Any]:
-    """The class of the entities in ``cls``'s array field ``field_name`` (the nested classes'
-    names differ between versions of one API; their place does not)."""
+    """The class of the entities in ``cls``'s array field ``field_name``, or of its nested
+    entity field (the nested classes' names differ between versions of one API; their place
+    does not)."""
     hint = typing.get_type_hints(cls)[field_name]
     if _is_optional(hint):
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if dataclasses.is_dataclass(hint):
+        return typing.cast(type[Any], hint)
     found: type[Any] = typing.get_args(hint)[0]
     return found
 

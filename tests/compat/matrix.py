@@ -25,6 +25,7 @@ SCENARIOS = {
     "latest": "Consume from latest",
     "timestamp": "Consume from a timestamp",
     "group": "Consumer group: commit and rebalance",
+    "kip848": "Consumer group, KIP-848 protocol (group.protocol=consumer)",
     "admin": "Admin: describe",
     "scram": "SCRAM-SHA-512 over TLS: authenticate, produce, consume in a group",
     "acl": "ACL denied: the authorization error",
@@ -49,6 +50,11 @@ NOT_APPLICABLE = {
     ("spark", "latest"): "a batch read cannot start at latest (Spark refuses "
     "startingOffsets=latest); endingOffsets=latest is tested",
     ("spark", "group"): "Spark's Kafka source assigns partitions itself; it commits nothing",
+    ("spark", "kip848"): "Spark's Kafka source assigns partitions itself",
+    ("java-3.9", "kip848"): "the consumer protocol is in kafka-clients 4.0 and later",
+    ("aiokafka", "kip848"): "aiokafka has only the classic group protocol",
+    ("kafka-python", "kip848"): "kafka-python has only the classic group protocol",
+    ("kafkajs", "kip848"): "kafkajs has only the classic group protocol",
     ("spark", "admin"): "Spark has no admin API",
     ("spark", "acl"): "Spark's Kafka source is not run with SASL (see scram)",
     ("spark", "scram"): "Spark's Kafka source authenticates through kafka-clients 3.9 (its own "

@@ -25,7 +25,8 @@ from kafscale.protocol.errors import ErrorCode
 from kafscale.security.authorizer import ResourceType
 
 API_KEY = 15
-MIN_VERSION, MAX_VERSION = 0, 5
+MIN_VERSION, MAX_VERSION = 0, 6
+NOT_FOUND_VERSION = 6  # before, an unknown group (or a consumer group) is Dead without error
 
 
 def _failed(group_id: str, error: int) -> messages.GroupDescription:
@@ -46,6 +47,10 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
         )
     denied = int(ErrorCode.group_authorization_failed)
     groups = in_request_order(permitted, described, lambda i: _failed(group_ids[i], denied))
+    if ctx.version < NOT_FOUND_VERSION:
+        found = int(ErrorCode.group_id_not_found)
+        dead = [messages.GroupDescription(g.group_id, 0, g.state, "", "", []) for g in groups]
+        groups = [d if g.error_code == found else g for g, d in zip(groups, dead, strict=True)]
     with_operations = bool(getattr(request, "include_authorized_operations", False))
     group_class = element(schema(ctx, API_KEY), "groups")
     member_class = element(group_class, "members")
@@ -56,6 +61,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             build(
                 group_class,
                 error_code=ErrorCode(g.error_code),
+                error_message=g.error_message,
                 group_id=g.group_id,
                 group_state=g.state,
                 protocol_type=g.protocol_type,

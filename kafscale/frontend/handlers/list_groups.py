@@ -17,7 +17,6 @@ from kafscale.security.authorizer import ResourceType
 
 API_KEY = 16
 MIN_VERSION, MAX_VERSION = 0, 5
-CLASSIC = "classic"
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
@@ -47,7 +46,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
                 group_id=g.group_id,
                 protocol_type=g.protocol_type,
                 group_state=g.state,
-                group_type=CLASSIC,
+                group_type=g.group_type,
             )
             for g in listed
         ),

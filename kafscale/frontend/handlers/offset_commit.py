@@ -56,6 +56,7 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
             member_id=request.member_id,
             group_instance_id=getattr(request, "group_instance_id", None),
             offsets=offsets,
+            version=ctx.version,
         )
         reply = await ask(ctx, commit, messages.OffsetCommitResult)
         codes = [int(reply)] * len(offsets) if isinstance(reply, ErrorCode) else reply.error_codes

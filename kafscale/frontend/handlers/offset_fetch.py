@@ -42,15 +42,16 @@ async def handle(ctx: RequestContext, request: Any) -> Any:
     for group, ok in zip(wanted, permitted, strict=True):
         if not ok:
             continue
+        member = getattr(group, "member_id", None), int(getattr(group, "member_epoch", -1))
         if group.topics is None:
-            queries.append(messages.GroupOffsetsQuery(group.group_id, None))
+            queries.append(messages.GroupOffsetsQuery(group.group_id, None, *member))
             refused.append([])
             continue
         named = authz.topics_allowed(ctx, AclOperation.DESCRIBE, (t.name for t in group.topics))
         asked = [
             (t.name, int(p)) for t in group.topics if t.name in named for p in t.partition_indexes
         ]
-        queries.append(messages.GroupOffsetsQuery(group.group_id, asked))
+        queries.append(messages.GroupOffsetsQuery(group.group_id, asked, *member))
         refused.append(_partitions(group, ErrorCode.topic_authorization_failed, leaving_out=named))
     answers: list[GroupOffsets] = []
     if queries or all(permitted):

@@ -100,7 +100,8 @@ TOPIC, BROKER = int(ConfigResource.TOPIC), int(ConfigResource.BROKER)
 SET = int(AlterConfigOp.SET)
 
 # The keys of the APIs whose checks are tested elsewhere, or that need none.
-GROUP_APIS = {8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47}  # tests/unit/frontend/test_group_acls.py
+GROUP_APIS = {8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47, 68, 69}  # test_group_acls.py and
+# test_consumer_group_apis.py
 ACL_APIS = {29, 30, 31}  # tests/unit/frontend/test_acl_apis.py
 NEEDS_NO_AUTHORIZATION = {18, 17, 36}  # ApiVersions, SaslHandshake, SaslAuthenticate
 

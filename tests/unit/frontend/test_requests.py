@@ -149,7 +149,7 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
         12: (0, 4),
         13: (0, 5),
         14: (0, 5),
-        15: (0, 5),
+        15: (0, 6),
         16: (0, 5),
         17: (0, 1),
         18: (0, 4),
@@ -173,6 +173,8 @@ def test_api_versions_lists_exactly_the_dispatch_table(version: int) -> None:
         50: (0, 0),
         51: (0, 0),
         60: (0, 2),
+        68: (0, 1),
+        69: (0, 1),
     }
 
 

@@ -1,0 +1,308 @@
+"""The consumer (KIP-848) groups this broker coordinates: the pure steps of ``machine`` run on them,
+each step stored before it is kept or answered. Which groups are ours, loading and forgetting them
+is the group service's, as for classic groups (``coordinator.group_service``).
+
+A group id is one type at a time. A consumer group takes over a classic group id only while the
+classic group has no members (its committed offsets carry over); a classic JoinGroup takes over
+an empty consumer group. Classic members inside a consumer group (Kafka's online migration) are
+not served: a JoinGroup to a consumer group with members is INCONSISTENT_GROUP_PROTOCOL, and a
+heartbeat joining a classic group with members is GROUP_ID_NOT_FOUND, as Kafka answers when its
+``group.consumer.migration.policy`` forbids the conversion.
+
+Offsets of consumer groups are kept with every group's (``group_offsets``); what differs is who
+may commit and fetch them (``commit_error``, ``fetch_error``, Kafka's ``ConsumerGroup``
+``validateOffsetCommit``/``validateOffsetFetch``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from kafscale.coordinator.consumer_groups import machine
+from kafscale.coordinator.consumer_groups.machine import Step, Topics
+from kafscale.coordinator.consumer_groups.model import (
+    ConsumerGroup,
+    ConsumerSettings,
+    GroupState,
+    Partitions,
+)
+from kafscale.coordinator.group_model import NotCoordinator, store_error
+from kafscale.ipc import messages
+from kafscale.ipc.consumer_groups import (
+    ConsumerGroupDescription,
+    ConsumerGroupHeartbeat,
+    ConsumerGroupHeartbeatResult,
+    ConsumerMemberDescription,
+    TopicIdPartitions,
+)
+from kafscale.metadata.group_records import ConsumerGroupRecord, ConsumerMemberRecord
+from kafscale.protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "consumer"
+
+
+class ConsumerGroupStore(Protocol):
+    """Raises ``NotCoordinator`` when the write is fenced, anything else when it failed."""
+
+    def save_consumer(
+        self,
+        group_id: str,
+        members: Sequence[ConsumerMemberRecord],
+        removed: Iterable[str],
+        group: ConsumerGroupRecord | None,
+    ) -> None: ...
+
+    def delete_consumer(self, group_id: str) -> None: ...
+
+
+class ConsumerGroups:
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        store: ConsumerGroupStore,
+        coordinates: Callable[[str], bool],
+        topics: Callable[[], Topics],
+    ) -> None:
+        """``topics()``: the cluster's topics now (name -> (id, partition count))."""
+        self.settings = settings
+        self.store = store
+        self.coordinates = coordinates
+        self.topics = topics
+        self.groups: dict[str, ConsumerGroup] = {}
+        self.rebalances = 0  # group epoch bumps, for metrics
+        self.fenced: list[str] = []  # why members were removed, for metrics
+
+    def load(
+        self, stored: dict[str, tuple[ConsumerGroupRecord, list[ConsumerMemberRecord]]], now: int
+    ) -> None:
+        for group_id, (record, members) in stored.items():
+            self.groups[group_id] = ConsumerGroup.restore(
+                record, members, now, self.settings.session_timeout_ms
+            )
+
+    def forget(self, group_ids: Iterable[str]) -> None:
+        for group_id in group_ids:
+            self.groups.pop(group_id, None)
+
+    def is_active(self, group_id: str) -> bool:
+        """A consumer group with members: the id is not the classic protocol's."""
+        group = self.groups.get(group_id)
+        return group is not None and bool(group.members)
+
+    # -- ConsumerGroupHeartbeat ------------------------------------------------------------------
+
+    def heartbeat(
+        self, request: ConsumerGroupHeartbeat, classic_busy: bool, now: int
+    ) -> ConsumerGroupHeartbeatResult:
+        """``classic_busy``: a classic group of that id has members."""
+        if not self.coordinates(request.group_id):
+            return ConsumerGroupHeartbeatResult(
+                int(ErrorCode.not_coordinator), None, request.member_id or None
+            )
+        group = self.groups.get(request.group_id)
+        if group is None and classic_busy:
+            message = (
+                f"Cannot upgrade classic group {request.group_id} to consumer group because "
+                "online upgrade is not supported."
+                if request.member_epoch == 0
+                else f"Group {request.group_id} is not a consumer group."
+            )
+            return ConsumerGroupHeartbeatResult(
+                int(ErrorCode.group_id_not_found), message, request.member_id or None
+            )
+        step = machine.heartbeat(group, request, self.settings, self.topics(), now)
+        error = self._keep(request.group_id, step)
+        if error is not None:
+            return ConsumerGroupHeartbeatResult(int(error), None, request.member_id or None)
+        assert step.reply is not None
+        return step.reply
+
+    def _keep(self, group_id: str, step: Step) -> ErrorCode | None:
+        """Store the step, then keep its group; the error to answer if the store refused."""
+        group = step.group
+        if group is None:
+            return None
+        if step.writes:
+            try:
+                self.store.save_consumer(
+                    group_id,
+                    [group.members[m].record() for m in sorted(step.changed)],
+                    step.removed,
+                    group.record() if step.group_changed else None,
+                )
+            except Exception as exc:
+                extra = {"group": group_id, "error": str(exc)}
+                if isinstance(exc, NotCoordinator):
+                    log.warning("not stored: no longer the group's coordinator", extra=extra)
+                else:
+                    log.error("cannot store consumer group", extra=extra)
+                return store_error(exc)
+        old = self.groups.get(group_id)
+        self.rebalances += group.epoch - (old.epoch if old is not None else 0)
+        for member_id, why in step.fenced.items():
+            self.fenced.append(why)
+            log.info(
+                "member removed from consumer group",
+                extra={"group": group_id, "member": member_id, "reason": why},
+            )
+        self.groups[group_id] = group
+        return None
+
+    # -- time and topics -------------------------------------------------------------------------
+
+    def tick(self, now: int) -> None:
+        topics: Topics | None = None
+        for group_id, group in list(self.groups.items()):
+            idle = group.epoch <= group.assignment_epoch
+            if idle and not group.sessions and not group.revocations:
+                continue
+            topics = topics if topics is not None else self.topics()
+            step = machine.tick(group, self.settings, topics, now)
+            if step is not None:
+                self._keep(group_id, step)
+
+    def topics_changed(self, now: int) -> None:
+        """The cluster's topics changed: groups subscribed to one that changed rebalance."""
+        topics = self.topics()
+        for group_id, group in list(self.groups.items()):
+            if group.members:
+                step = machine.topics_changed(group, self.settings, topics, now)
+                if step is not None:
+                    self._keep(group_id, step)
+
+    # -- administration --------------------------------------------------------------------------
+
+    def describe(self, group_ids: list[str]) -> list[ConsumerGroupDescription]:
+        described = []
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if not self.coordinates(group_id):
+                described.append(ConsumerGroupDescription(group_id, int(ErrorCode.not_coordinator)))
+            elif group is None:
+                described.append(
+                    ConsumerGroupDescription(
+                        group_id,
+                        int(ErrorCode.group_id_not_found),
+                        f"Group {group_id} not found.",
+                    )
+                )
+            else:
+                described.append(self._description(group))
+        return described
+
+    def _description(self, group: ConsumerGroup) -> ConsumerGroupDescription:
+        return ConsumerGroupDescription(
+            group.group_id,
+            int(ErrorCode.none),
+            None,
+            group.state().value,
+            group.epoch,
+            group.assignment_epoch,
+            machine.preferred_assignor(group, self.settings),
+            [
+                ConsumerMemberDescription(
+                    m.member_id,
+                    m.instance_id,
+                    m.rack_id,
+                    m.member_epoch,
+                    m.client_id,
+                    m.client_host,
+                    list(m.subscribed_topic_names),
+                    m.subscribed_topic_regex,
+                    _wire(m.assigned),
+                    _wire(m.target),
+                )
+                for m in sorted(group.members.values(), key=lambda m: m.member_id)
+            ],
+        )
+
+    def listings(self, states: set[str]) -> list[messages.GroupListing]:
+        return [
+            messages.GroupListing(g.group_id, CONSUMER, g.state().value, CONSUMER)
+            for g in self.groups.values()
+            if (not states or g.state().value.lower() in states) and self.coordinates(g.group_id)
+        ]
+
+    def delete(self, group_id: str) -> ErrorCode | None:
+        """DeleteGroups of a consumer group: NON_EMPTY_GROUP while it has members; its keys go,
+        then (the caller) its offsets. None: not a consumer group."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        if group.members:
+            return ErrorCode.non_empty_group
+        try:
+            self.store.delete_consumer(group_id)
+        except Exception as exc:
+            extra = {"group": group_id, "error": str(exc)}
+            log.warning("cannot delete consumer group", extra=extra)
+            return store_error(exc)
+        del self.groups[group_id]
+        return ErrorCode.none
+
+    def drop_empty(self, group_id: str) -> ErrorCode | None:
+        """A classic JoinGroup takes over an empty consumer group id: its keys go (its offsets
+        stay). The error to answer if the store refused."""
+        group = self.groups.get(group_id)
+        if group is None or group.members:
+            return None
+        try:
+            self.store.delete_consumer(group_id)
+        except Exception as exc:
+            return store_error(exc)
+        del self.groups[group_id]
+        return None
+
+    def subscribed_names(self, group_id: str) -> set[str]:
+        """The topics the group's members consume now (by name or regex)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return set()
+        topics = self.topics()
+        by_id = {topic_id: name for name, (topic_id, _) in topics.items()}
+        ids: set[str] = set()
+        for member in group.members.values():
+            ids |= machine.subscribed_ids(member, topics)
+        return {by_id[i] for i in ids if i in by_id}
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    def commit_error(self, request: messages.OffsetCommit) -> ErrorCode | None:
+        """Why a member may not commit to this consumer group now (None: it may). Only for
+        consumer groups (``request.group_id in self.groups``)."""
+        group = self.groups[request.group_id]
+        if request.generation_id < 0 and not group.members:
+            return None  # an admin, or a consumer using assign()
+        member = group.members.get(request.member_id)
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if request.version < 9:
+            return ErrorCode.unsupported_version
+        if request.generation_id != member.member_epoch:
+            return ErrorCode.stale_member_epoch
+        return None
+
+    def fetch_error(self, query: messages.GroupOffsetsQuery) -> ErrorCode | None:
+        group = self.groups.get(query.group_id)
+        if group is None or (query.member_epoch < 0 and not query.member_id):
+            return None
+        member = group.members.get(query.member_id or "")
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if query.member_epoch != member.member_epoch:
+            return ErrorCode.stale_member_epoch
+        return None
+
+    def states(self) -> dict[GroupState, int]:
+        counts = dict.fromkeys(GroupState, 0)
+        for group in self.groups.values():
+            counts[group.state()] += 1
+        return counts
+
+
+def _wire(partitions: Partitions) -> list[TopicIdPartitions]:
+    return [TopicIdPartitions(topic, sorted(p)) for topic, p in sorted(partitions.items()) if p]
