@@ -21,6 +21,12 @@ from collections.abc import Callable
 import msgspec
 
 from kafscale.coordinator.topics import MAX_PARTITIONS
+from kafscale.ipc.consumer_groups import (
+    AlterGroupConfigs,
+    GroupConfigChanges,
+    GroupConfigResult,
+    GroupConfigResults,
+)
 from kafscale.ipc.messages import (
     AlterTopicConfigs,
     CreatePartitions,
@@ -30,9 +36,9 @@ from kafscale.ipc.messages import (
     TopicResults,
 )
 from kafscale.ipc.rpc import Handler, Incoming
-from kafscale.metadata import records, topic_configs
+from kafscale.metadata import group_configs, records, topic_configs
 from kafscale.metadata.records import Keys, TopicRecord
-from kafscale.metadata.store import Compare, MetadataStore, Put
+from kafscale.metadata.store import Compare, Delete, MetadataStore, Put
 from kafscale.metadata.topic_names import OFFSETS_TOPIC, name_error
 from kafscale.protocol.errors import ErrorCode
 
@@ -147,10 +153,12 @@ class ConfigAdmin:
     def __init__(self, store: MetadataStore, namespace: str, broker_id: int) -> None:
         self.store = store
         self.keys = Keys(namespace)
+        self.group_keys = group_configs.GroupConfigKeys(self.keys.root)
         self.broker_id = broker_id
 
     def handlers(self) -> dict[type, Handler]:
         return {
+            AlterGroupConfigs: self.handle_alter_groups,
             AlterTopicConfigs: self.handle_alter,
             CreatePartitions: self.handle_create_partitions,
         }
@@ -179,6 +187,47 @@ class ConfigAdmin:
             results.append(result)
             revision = max(revision, written)
         return TopicResults(results=results, revision=revision)
+
+    def handle_alter_groups(self, incoming: Incoming) -> GroupConfigResults:
+        assert isinstance(incoming.message, AlterGroupConfigs)
+        return self.alter_groups(incoming.message)
+
+    def alter_groups(self, request: AlterGroupConfigs) -> GroupConfigResults:
+        """Each group's configs, compare-and-set on its record (the group need not exist)."""
+        results, revision = [], 0
+        for changes in request.groups:
+            result, written = self._update_group(changes, request)
+            results.append(result)
+            revision = max(revision, written)
+        return GroupConfigResults(results, revision)
+
+    def _update_group(
+        self, changes: GroupConfigChanges, request: AlterGroupConfigs
+    ) -> tuple[GroupConfigResult, int]:
+        group_id = changes.group_id
+        if not group_id:
+            return GroupConfigResult(group_id, int(ErrorCode.invalid_group_id), None), 0
+        key = self.group_keys.group(group_id)
+        for _ in range(ATTEMPTS):
+            kv = self.store.get(key)
+            current = group_configs.decode(kv.value).configs if kv is not None else {}
+            configs, problem = group_configs.apply(current, changes.changes, request.incremental)
+            if problem is not None:
+                return GroupConfigResult(group_id, int(ErrorCode.invalid_config), problem), 0
+            if request.validate_only or configs == current:
+                return GroupConfigResult(group_id, int(ErrorCode.none)), 0
+            record = group_configs.GroupConfigRecord(group_id, configs)
+            if configs:
+                operation: Put | Delete = Put(key, group_configs.encode(record))
+            else:
+                operation = Delete(key)
+            compare = Compare(key, mod_revision=kv.mod_revision if kv is not None else 0)
+            txn = self.store.transaction([compare], [operation])
+            if txn.succeeded:
+                log.info("group configs altered", extra={"group": group_id, "configs": configs})
+                return GroupConfigResult(group_id, int(ErrorCode.none)), txn.revision
+        message = f"group {group_id} configs kept changing during the update; retry"
+        return GroupConfigResult(group_id, int(ErrorCode.request_timed_out), message), 0
 
     def create_partitions(self, request: CreatePartitions) -> TopicResults:
         results, revision = [], 0

@@ -85,8 +85,10 @@ class GroupService:
         owners: Ownership,
         consumer_settings: ConsumerSettings | None = None,
         topics: Callable[[], Mapping[str, TopicRecord]] = dict,
+        group_configs: Callable[[], Mapping[str, dict[str, str]]] = dict,
     ) -> None:
-        """``topics()``: the cluster's topics as this process's view has them now."""
+        """``topics()``, ``group_configs()``: the cluster's topics and the configs set on groups
+        as this process's view has them now."""
         self.store = store
         self.keys = Keys(namespace)
         self.server = server
@@ -100,6 +102,7 @@ class GroupService:
             self.group_store,
             self._coordinates,
             self._current_topics,
+            group_configs,
         )
         self.groups = GroupCoordinator(
             settings, self.group_store, self._send, self._coordinates, self.consumer

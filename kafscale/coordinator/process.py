@@ -119,6 +119,7 @@ def run(ctx: ChildContext) -> None:
                 max_size=config.group_consumer_max_size,
             ),
             topics=lambda: owners.view.snapshot.topics,
+            group_configs=lambda: owners.view.snapshot.group_configs,
         )
         owners.start(_now_ms())  # the first claims, before the shards and the flusher boot
         log.info("coordinating", extra={"cluster_id": cluster_id, "metadata": store.description})

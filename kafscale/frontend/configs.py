@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.config import SETTINGS, SETTINGS_BY_FIELD, Config, Setting
-from kafscale.metadata import topic_configs
+from kafscale.metadata import group_configs, topic_configs
 from kafscale.protocol.configs import ConfigSource, ConfigType
 
 
@@ -136,6 +136,34 @@ def topic_configs_of(explicit: Mapping[str, str], config: Config) -> list[Descri
                 sensitive=False,
                 type=topic_config.type,
                 documentation=topic_config.documentation,
+                synonyms=synonyms,
+            )
+        )
+    return described
+
+
+def group_configs_of(explicit: Mapping[str, str], config: Config) -> list[Described]:
+    """Every group config of a group that sets ``explicit``, sorted by name: its own value, else
+    the broker's ``group.<name>`` when it has one, else Kafka's default."""
+    brokers = _broker_table(config)
+    described = []
+    for name, group_config in sorted(group_configs.CONFIGS.items()):
+        broker = brokers.get("group." + name)
+        synonyms: tuple[Synonym, ...] = broker.synonyms if broker is not None else ()
+        if name in explicit:
+            synonyms = (Synonym(name, explicit[name], ConfigSource.GROUP_CONFIG), *synonyms)
+        value, source = group_config.default, DEFAULT
+        if synonyms:
+            value, source = synonyms[0].value or value, synonyms[0].source
+        described.append(
+            Described(
+                name=name,
+                value=value,
+                source=source,
+                read_only=False,
+                sensitive=False,
+                type=ConfigType.STRING if group_config.choices else ConfigType.INT,
+                documentation=group_config.documentation,
                 synonyms=synonyms,
             )
         )

@@ -2,6 +2,7 @@
 
   frontend -> coordinator   ConsumerGroupHeartbeat -> ConsumerGroupHeartbeatResult
   frontend -> coordinator   ConsumerGroupDescribe -> ConsumerGroupsDescribed
+  frontend -> coordinator   AlterGroupConfigs -> GroupConfigResults (any broker's coordinator)
 
 Topics are named by id (canonical UUID text) as on the wire; the frontend names them for
 ConsumerGroupDescribe from its own view.
@@ -77,3 +78,33 @@ class ConsumerGroupDescription(msgspec.Struct, frozen=True):
 
 class ConsumerGroupsDescribed(Message, frozen=True):
     groups: list[ConsumerGroupDescription]
+
+
+class GroupConfigChange(msgspec.Struct, frozen=True):
+    name: str
+    operation: int  # IncrementalAlterConfigs': 0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT
+    value: str | None
+
+
+class GroupConfigChanges(msgspec.Struct, frozen=True):
+    group_id: str
+    changes: list[GroupConfigChange]
+
+
+class AlterGroupConfigs(Message, frozen=True):
+    groups: list[GroupConfigChanges]
+    incremental: bool = True  # False: legacy AlterConfigs, the configs given replace them all
+    validate_only: bool = False
+
+
+class GroupConfigResult(msgspec.Struct, frozen=True):
+    group_id: str
+    error_code: int
+    error_message: str | None = None
+
+
+class GroupConfigResults(Message, frozen=True):
+    """``revision``: the metadata revision holding the writes (0: none), for ``caught_up``."""
+
+    results: list[GroupConfigResult]
+    revision: int

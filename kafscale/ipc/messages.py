@@ -23,10 +23,12 @@ import msgspec
 from kafscale.ipc.base import Message as Message
 from kafscale.ipc.cleaning import CommitCleaning, SegmentsCleaned
 from kafscale.ipc.consumer_groups import (
+    AlterGroupConfigs,
     ConsumerGroupDescribe,
     ConsumerGroupHeartbeat,
     ConsumerGroupHeartbeatResult,
     ConsumerGroupsDescribed,
+    GroupConfigResults,
 )
 from kafscale.ipc.log_admin import LogStartMoves, MoveLogStart
 from kafscale.ipc.write_path import (
@@ -672,6 +674,8 @@ AnyMessage = (
     | ConsumerGroupHeartbeatResult
     | ConsumerGroupDescribe
     | ConsumerGroupsDescribed
+    | AlterGroupConfigs
+    | GroupConfigResults
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import msgspec
 
-from kafscale.metadata import records
+from kafscale.metadata import group_configs, records
 from kafscale.metadata.records import (
     AclRecord,
     BrokerRecord,
@@ -48,6 +48,8 @@ class Snapshot:
     credentials: dict[tuple[str, str], ScramRecord] = field(default_factory=dict)
     # ACL bindings by key digest (``acls/``).
     acls: dict[str, AclRecord] = field(default_factory=dict)
+    # Configs set on groups, by group id (``group_configs/``).
+    group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @functools.cached_property
     def topics_by_id(self) -> dict[str, TopicRecord]:
@@ -61,6 +63,7 @@ class MetadataView:
         more), not the whole namespace."""
         self._store = store
         self._keys = Keys(namespace)
+        self._group_config_keys = group_configs.GroupConfigKeys(self._keys.root)
         self._prefix = prefix if prefix is not None else self._keys.root
         if not self._prefix.startswith(self._keys.root):
             raise ValueError(f"{self._prefix!r} is not in the namespace {self._keys.root!r}")
@@ -189,6 +192,16 @@ class MetadataView:
                 else:
                     acls.pop(digest, None)
                 return replace(snapshot, revision=revision, acls=acls)
+            if key.startswith(self._group_config_keys.prefix):
+                group_id = self._group_config_keys.parse(key)
+                if group_id is None:
+                    raise ValueError("not a group config key")
+                configs = dict(snapshot.group_configs)
+                if kind is EventType.PUT:
+                    configs[group_id] = group_configs.decode(value).configs
+                else:
+                    configs.pop(group_id, None)
+                return replace(snapshot, revision=revision, group_configs=configs)
         except (ValueError, msgspec.DecodeError) as exc:
             log.error("skipping undecodable metadata record", extra={"key": key, "error": str(exc)})
         return replace(snapshot, revision=revision)

@@ -1,7 +1,7 @@
 """KIP-848 server-side assignors, ``uniform`` and ``range``: pure functions from a group's
 subscriptions and current targets to its new target assignment.
 
-docs/design/kip848-draft.md, section 5.3. ``assign`` gets every member's subscribed topic ids
+docs/design/kip848.md, section 5.3. ``assign`` gets every member's subscribed topic ids
 (names and regexes already resolved) and its current target, and the topics' partition counts;
 it returns every member's new target. A current target may name topics that are gone or no longer
 subscribed, or partitions past the topic's count: those are dropped, never kept nor counted.

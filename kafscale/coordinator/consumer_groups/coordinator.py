@@ -16,8 +16,9 @@ may commit and fetch them (``commit_error``, ``fetch_error``, Kafka's ``Consumer
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from kafscale.coordinator.consumer_groups import machine
@@ -66,9 +67,12 @@ class ConsumerGroups:
         store: ConsumerGroupStore,
         coordinates: Callable[[str], bool],
         topics: Callable[[], Topics],
+        group_configs: Callable[[], Mapping[str, dict[str, str]]] = dict,
     ) -> None:
-        """``topics()``: the cluster's topics now (name -> (id, partition count))."""
+        """``topics()``: the cluster's topics now (name -> (id, partition count));
+        ``group_configs()``: the configs set on groups (IncrementalAlterConfigs), by group id."""
         self.settings = settings
+        self.group_configs = group_configs
         self.store = store
         self.coordinates = coordinates
         self.topics = topics
@@ -81,8 +85,23 @@ class ConsumerGroups:
     ) -> None:
         for group_id, (record, members) in stored.items():
             self.groups[group_id] = ConsumerGroup.restore(
-                record, members, now, self.settings.session_timeout_ms
+                record, members, now, self.settings_of(group_id).session_timeout_ms
             )
+
+    def settings_of(self, group_id: str) -> ConsumerSettings:
+        """The broker's settings with the group's own session timeout and heartbeat interval."""
+        configs = self.group_configs().get(group_id)
+        if not configs:
+            return self.settings
+        session = configs.get("consumer.session.timeout.ms")
+        heartbeat = configs.get("consumer.heartbeat.interval.ms")
+        return dataclasses.replace(
+            self.settings,
+            session_timeout_ms=int(session) if session else self.settings.session_timeout_ms,
+            heartbeat_interval_ms=(
+                int(heartbeat) if heartbeat else self.settings.heartbeat_interval_ms
+            ),
+        )
 
     def forget(self, group_ids: Iterable[str]) -> None:
         for group_id in group_ids:
@@ -114,7 +133,8 @@ class ConsumerGroups:
             return ConsumerGroupHeartbeatResult(
                 int(ErrorCode.group_id_not_found), message, request.member_id or None
             )
-        step = machine.heartbeat(group, request, self.settings, self.topics(), now)
+        settings = self.settings_of(request.group_id)
+        step = machine.heartbeat(group, request, settings, self.topics(), now)
         error = self._keep(request.group_id, step)
         if error is not None:
             return ConsumerGroupHeartbeatResult(int(error), None, request.member_id or None)
@@ -161,7 +181,7 @@ class ConsumerGroups:
             if idle and not group.sessions and not group.revocations:
                 continue
             topics = topics if topics is not None else self.topics()
-            step = machine.tick(group, self.settings, topics, now)
+            step = machine.tick(group, self.settings_of(group_id), topics, now)
             if step is not None:
                 self._keep(group_id, step)
 
@@ -170,7 +190,7 @@ class ConsumerGroups:
         topics = self.topics()
         for group_id, group in list(self.groups.items()):
             if group.members:
-                step = machine.topics_changed(group, self.settings, topics, now)
+                step = machine.topics_changed(group, self.settings_of(group_id), topics, now)
                 if step is not None:
                     self._keep(group_id, step)
 

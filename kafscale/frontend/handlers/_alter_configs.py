@@ -8,8 +8,10 @@ Per resource, in request order:
   (KAFSCALE_* variables, read at start), so any change is POLICY_VIOLATION, with a message that
   says how to change it; an empty list of changes is accepted (there is nothing to do). Another
   broker id: INVALID_REQUEST, as in DescribeConfigs;
+- a group: the coordinator validates and stores its configs (``metadata.group_configs``; the
+  group need not exist), with ALTER_CONFIGS on the group (else GROUP_AUTHORIZATION_FAILED);
 - any other resource type: INVALID_REQUEST.
-A coordinator that cannot be reached gives REQUEST_TIMED_OUT (retriable) for each topic.
+A coordinator that cannot be reached gives REQUEST_TIMED_OUT (retriable) for each topic or group.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Any
 from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
 from kafscale.frontend.handlers.describe_configs import broker_name_error, unsupported_resource
+from kafscale.ipc.consumer_groups import (
+    AlterGroupConfigs,
+    GroupConfigChange,
+    GroupConfigChanges,
+    GroupConfigResults,
+)
 from kafscale.ipc.messages import AlterTopicConfigs, ConfigChange, TopicConfigChanges, TopicResults
 from kafscale.ipc.rpc import RpcError
 from kafscale.protocol.acls import AclOperation
@@ -42,6 +50,7 @@ async def alter(ctx: RequestContext, api_key: int, request: Any, incremental: bo
     named = Counter((int(r.resource_type), r.resource_name) for r in resources)
     outcomes: dict[int, Outcome] = {}
     topics: dict[int, TopicConfigChanges] = {}
+    groups: dict[int, GroupConfigChanges] = {}
     for index, resource in enumerate(resources):
         kind, name = int(resource.resource_type), resource.resource_name
         if named[(kind, name)] > 1:
@@ -54,9 +63,18 @@ async def alter(ctx: RequestContext, api_key: int, request: Any, incremental: bo
             authz.cluster_allowed(ctx, AclOperation.ALTER_CONFIGS)
         ):
             outcomes[index] = (ErrorCode.cluster_authorization_failed, None)
+        elif kind == ResourceType.GROUP and not authz.allowed(
+            ctx, AclOperation.ALTER_CONFIGS, AclResource.GROUP, name
+        ):
+            outcomes[index] = (ErrorCode.group_authorization_failed, None)
         elif kind == ResourceType.TOPIC:
             changes = [_change(config, incremental) for config in resource.configs]
             topics[index] = TopicConfigChanges(name, changes)
+        elif kind == ResourceType.GROUP:
+            changes = [_change(config, incremental) for config in resource.configs]
+            groups[index] = GroupConfigChanges(
+                name, [GroupConfigChange(c.name, c.operation, c.value) for c in changes]
+            )
         elif kind == ResourceType.BROKER:
             outcomes[index] = _broker(ctx, name, [c.name for c in resource.configs])
         else:
@@ -69,6 +87,9 @@ async def alter(ctx: RequestContext, api_key: int, request: Any, incremental: bo
         )
         answers = await _ask(ctx, message)
         outcomes.update(zip(topics, answers, strict=True))
+    if groups:
+        altered = AlterGroupConfigs(list(groups.values()), incremental, bool(request.validate_only))
+        outcomes.update(zip(groups, await _ask_groups(ctx, altered), strict=True))
     response_class = element(schema, "responses")
     return build(
         schema,
@@ -102,6 +123,20 @@ def _broker(ctx: RequestContext, name: str, changes: list[str]) -> Outcome:
         "at run time. Set the KAFSCALE_* environment variables (or serve flags) and restart "
         "the broker; topic configs can be altered.",
     )
+
+
+async def _ask_groups(ctx: RequestContext, message: AlterGroupConfigs) -> list[Outcome]:
+    try:
+        reply = await ctx.broker.coordinator.call(message)
+    except RpcError as exc:
+        log.warning("coordinator unavailable", extra={"error": str(exc), "peer": ctx.peer})
+        unavailable = "the coordinator is unavailable"
+        return [(ErrorCode.request_timed_out, unavailable) for _ in message.groups]
+    if not isinstance(reply, GroupConfigResults):
+        log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})
+        return [(ErrorCode.unknown_server_error, "unexpected reply") for _ in message.groups]
+    await ctx.broker.coordinator.caught_up(reply.revision)
+    return [(ErrorCode(r.error_code), r.error_message) for r in reply.results]
 
 
 async def _ask(ctx: RequestContext, message: AlterTopicConfigs) -> list[Outcome]:

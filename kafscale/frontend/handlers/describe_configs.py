@@ -4,8 +4,9 @@ Answered from the watched metadata view and the broker's own configuration
 (``kafscale.frontend.configs`` says what is described and with which source). Per resource, as
 Kafka's broker does: a topic must exist (UNKNOWN_TOPIC_OR_PARTITION) and have a legal name
 (INVALID_TOPIC_EXCEPTION); a broker is named by this broker's id, or by "" for the cluster-wide
-dynamic defaults, of which KafScale has none (an empty list); any other id, and every other
-resource type, is INVALID_REQUEST. ``configuration_keys`` null or empty means every config;
+dynamic defaults, of which KafScale has none (an empty list); a group need not exist (its
+configs are its own or Kafka's defaults); any other broker id, and every other resource type,
+is INVALID_REQUEST. ``configuration_keys`` null or empty means every config;
 unknown names are left out. Synonyms are sent when asked (v1+), documentation when asked (v3+).
 """
 
@@ -15,7 +16,12 @@ import datetime
 from typing import Any
 
 from kafscale.frontend import authz
-from kafscale.frontend.configs import Described, broker_configs, topic_configs_of
+from kafscale.frontend.configs import (
+    Described,
+    broker_configs,
+    group_configs_of,
+    topic_configs_of,
+)
 from kafscale.frontend.context import RequestContext
 from kafscale.metadata.topic_names import name_error
 from kafscale.protocol.acls import AclOperation
@@ -72,6 +78,18 @@ def describe(
             message = f"The topic '{name}' does not exist."
             return ErrorCode.unknown_topic_or_partition, message, []
         return ErrorCode.none, None, topic_configs_of(record.configs, ctx.broker.config)
+    if resource_type == ResourceType.GROUP:
+        if not authz.allowed(ctx, AclOperation.DESCRIBE_CONFIGS, AclResource.GROUP, name):
+            return ErrorCode.group_authorization_failed, None, []
+        if not name:
+            return ErrorCode.invalid_group_id, "Group id must not be empty", []
+        return (
+            ErrorCode.none,
+            None,
+            group_configs_of(
+                ctx.broker.view.snapshot.group_configs.get(name, {}), ctx.broker.config
+            ),
+        )
     if resource_type == ResourceType.BROKER:
         if name == "":
             return ErrorCode.none, None, []  # no dynamic cluster-wide defaults
@@ -100,7 +118,7 @@ def unsupported_resource(resource_type: int) -> str:
         kind = ResourceType(resource_type).name
     except ValueError:
         kind = str(resource_type)
-    return f"KafScale does not serve configs of resource type {kind}: only TOPIC and BROKER"
+    return f"KafScale does not serve configs of resource type {kind}: only TOPIC, BROKER and GROUP"
 
 
 def _config(schema: type[Any], entry: Described, synonyms: bool, documentation: bool) -> Any:

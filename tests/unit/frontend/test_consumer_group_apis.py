@@ -16,13 +16,16 @@ from kafscale.frontend.dispatch import APIS
 from kafscale.ipc import consumer_groups, messages
 from kafscale.metadata.records import TopicRecord
 from kafscale.protocol import codec
+from kafscale.protocol.acls import AclOperation
 from kafscale.protocol.errors import ErrorCode
+from kafscale.security.authorizer import ResourceType as AclResource
 from tests.unit.frontend.test_group_acls import (
     ALICE_ACLS,
     GAF,
     NONE,
     TAF,
     GroupCoordinator,
+    acl,
     describe_groups,
     send,
     setup,
@@ -65,6 +68,11 @@ class ConsumerCoordinator(GroupCoordinator):
                         )
                         for g in request.group_ids
                     ]
+                )
+            case consumer_groups.AlterGroupConfigs():
+                self.calls.append(request)
+                return consumer_groups.GroupConfigResults(
+                    [consumer_groups.GroupConfigResult(g.group_id, 0) for g in request.groups], 0
                 )
         return await super().call(request, timeout)
 
@@ -197,3 +205,59 @@ def test_describe_groups_says_not_found_from_v6(version: int, expected: ErrorCod
 def test_both_apis_are_offered_at_versions_0_and_1() -> None:
     assert (APIS[68].min_version, APIS[68].max_version) == (0, 1)
     assert (APIS[69].min_version, APIS[69].max_version) == (0, 1)
+
+
+def test_group_configs_are_altered_by_the_coordinator_with_alter_configs_on_the_group() -> None:
+    broker, coordinator = consumer_setup(
+        *ALICE_ACLS, acl(AclResource.GROUP, "app", AclOperation.ALTER_CONFIGS)
+    )
+    schema = load_request_schema(44, 1)
+    resource_class = codec.element(schema, "resources")
+    config_class = codec.element(resource_class, "configs")
+
+    def resource(group: str) -> Any:
+        config = codec.build(
+            config_class, name="consumer.session.timeout.ms", config_operation=0, value="6000"
+        )
+        return codec.build(resource_class, resource_type=32, resource_name=group, configs=(config,))
+
+    request = codec.build(
+        schema, resources=(resource("app"), resource("peek")), validate_only=False
+    )
+    app, peek = send(broker, request).responses
+    assert (app.error_code, peek.error_code) == (NONE, GAF)
+    [asked] = coordinator.calls
+    assert isinstance(asked, consumer_groups.AlterGroupConfigs)
+    [changes] = asked.groups
+    assert changes.group_id == "app" and changes.changes == [
+        consumer_groups.GroupConfigChange("consumer.session.timeout.ms", 0, "6000")
+    ]
+
+
+def test_group_configs_are_described_from_the_view() -> None:
+    broker, _ = consumer_setup(
+        *ALICE_ACLS, acl(AclResource.GROUP, "app", AclOperation.DESCRIBE_CONFIGS)
+    )
+    snapshot = broker.view.snapshot
+    broker.view.snapshot = type(snapshot)(
+        **{**snapshot.__dict__, "group_configs": {"app": {"consumer.session.timeout.ms": "6000"}}}
+    )
+    schema = load_request_schema(32, 4)
+    resource_class = codec.element(schema, "resources")
+    request = codec.build(
+        schema,
+        resources=tuple(
+            codec.build(resource_class, resource_type=32, resource_name=g, configuration_keys=None)
+            for g in ("app", "peek")
+        ),
+        include_synonyms=False,
+        include_documentation=False,
+    )
+    app, peek = send(broker, request).results
+    assert peek.error_code == GAF
+    described = {c.name: (c.value, c.config_source) for c in app.configs}
+    assert len(described) == 17
+    assert described["consumer.session.timeout.ms"] == ("6000", 8)  # GROUP_CONFIG
+    # the broker's group.consumer.heartbeat.interval.ms, left at its default
+    assert described["consumer.heartbeat.interval.ms"] == ("5000", 5)
+    assert described["share.delivery.count.limit"] == ("5", 5)  # Kafka's default
