@@ -35,8 +35,8 @@ from typing import Protocol, TypeVar
 from kafscale import metrics
 from kafscale.coordinator.assignment import Partition
 from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
-from kafscale.coordinator.consumer_groups.machine import Topics
 from kafscale.coordinator.consumer_groups.model import ConsumerSettings
+from kafscale.coordinator.consumer_groups.target import Topics
 from kafscale.coordinator.group_store import MetadataGroupStore
 from kafscale.coordinator.groups import Group, GroupCoordinator, GroupSettings, GroupState
 from kafscale.ipc import consumer_groups, messages

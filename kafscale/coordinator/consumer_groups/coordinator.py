@@ -22,13 +22,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from kafscale.coordinator.consumer_groups import machine
-from kafscale.coordinator.consumer_groups.machine import Step, Topics
+from kafscale.coordinator.consumer_groups.machine import Step
 from kafscale.coordinator.consumer_groups.model import (
     ConsumerGroup,
     ConsumerSettings,
     GroupState,
     Partitions,
 )
+from kafscale.coordinator.consumer_groups.target import Topics, preferred_assignor, subscribed_ids
 from kafscale.coordinator.group_model import NotCoordinator, store_error
 from kafscale.ipc import messages
 from kafscale.ipc.consumer_groups import (
@@ -222,7 +223,7 @@ class ConsumerGroups:
             group.state().value,
             group.epoch,
             group.assignment_epoch,
-            machine.preferred_assignor(group, self.settings),
+            preferred_assignor(group, self.settings),
             [
                 ConsumerMemberDescription(
                     m.member_id,
@@ -286,7 +287,7 @@ class ConsumerGroups:
         by_id = {topic_id: name for name, (topic_id, _) in topics.items()}
         ids: set[str] = set()
         for member in group.members.values():
-            ids |= machine.subscribed_ids(member, topics)
+            ids |= subscribed_ids(member, topics)
         return {by_id[i] for i in ids if i in by_id}
 
     # -- offsets ---------------------------------------------------------------------------------

@@ -21,14 +21,10 @@ partitions within its rebalance timeout is fenced (removed).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
 import uuid
-from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kafscale.coordinator.consumer_groups import assignors
 from kafscale.coordinator.consumer_groups.model import (
     JOIN_EPOCH,
     LEAVE_EPOCH,
@@ -40,12 +36,15 @@ from kafscale.coordinator.consumer_groups.model import (
     Partitions,
 )
 from kafscale.coordinator.consumer_groups.reconcile import reconcile
+from kafscale.coordinator.consumer_groups.target import (
+    Topics,
+    assign_if_due,
+    subscribed_ids,
+    subscription_hash,
+)
 from kafscale.ipc.consumer_groups import ConsumerGroupHeartbeat, ConsumerGroupHeartbeatResult
 from kafscale.ipc.consumer_groups import TopicIdPartitions as WirePartitions
 from kafscale.protocol.errors import ErrorCode
-
-# topic name -> (topic id, partition count): the cluster's topics as the coordinator sees them
-Topics = Mapping[str, tuple[str, int]]
 
 
 @dataclass
@@ -394,69 +393,12 @@ def topics_changed(
     return step
 
 
-# -- the target ---------------------------------------------------------------------------------
-
-
 def _maybe_assign(step: Step, settings: ConsumerSettings, topics: Topics, now: int) -> None:
-    g = step.group
-    assert g is not None
-    if g.epoch <= g.assignment_epoch:
-        return
-    if now < g.target_ms + settings.assignment_interval_ms:
-        return
-    name = preferred_assignor(g, settings)
-    subscribed = {m.member_id: subscribed_ids(m, topics) for m in g.members.values()}
-    counts = {topic_id: count for topic_id, count in topics.values()}
-    wanted = {t for ids in subscribed.values() for t in ids if t in counts}
-    specs = {
-        m.member_id: assignors.MemberSpec(frozenset(subscribed[m.member_id]), m.target)
-        for m in g.members.values()
-    }
-    target = assignors.assign(name, specs, {t: counts[t] for t in wanted})
-    for member_id, member in list(g.members.items()):
-        new_target = target.get(member_id, {})
-        if new_target != member.target or member.target_epoch != g.epoch:
-            g.members[member_id] = dataclasses.replace(
-                member, target=new_target, target_epoch=g.epoch
-            )
-            step.changed.add(member_id)
-    g.assignment_epoch = g.epoch
-    g.target_ms = now
-    step.group_changed = True
-
-
-def preferred_assignor(g: ConsumerGroup, settings: ConsumerSettings) -> str:
-    """The assignor most members name (ties: the first of the settings'), else the default."""
-    votes = Counter(
-        m.server_assignor for m in g.members.values() if m.server_assignor in settings.assignors
-    )
-    if not votes:
-        return settings.assignors[0]
-    most = max(votes.values())
-    return next(name for name in settings.assignors if votes.get(name) == most)
-
-
-def subscribed_ids(member: ConsumerMember, topics: Topics) -> set[str]:
-    """The ids of the topics the member subscribes to, by name or by its regex (matched against
-    the whole name, as RE2/J's ``matches``)."""
-    ids = {topics[name][0] for name in member.subscribed_topic_names if name in topics}
-    if member.subscribed_topic_regex:
-        pattern = re.compile(member.subscribed_topic_regex)
-        ids.update(topic_id for name, (topic_id, _) in topics.items() if pattern.fullmatch(name))
-    return ids
-
-
-def subscription_hash(g: ConsumerGroup, topics: Topics) -> str:
-    """A digest of every subscribed topic's id, name and partition count."""
-    digest = hashlib.sha256()
-    subscribed: set[str] = set()
-    for member in g.members.values():
-        subscribed |= subscribed_ids(member, topics)
-    by_id = {topic_id: (name, count) for name, (topic_id, count) in topics.items()}
-    for topic_id in sorted(subscribed):
-        name, count = by_id[topic_id]
-        digest.update(f"{topic_id}\0{name}\0{count}\n".encode())
-    return digest.hexdigest()[:32] if subscribed else ""
+    assert step.group is not None
+    changed = assign_if_due(step.group, settings, topics, now)
+    if changed is not None:
+        step.changed |= changed
+        step.group_changed = True
 
 
 def _reconcile(

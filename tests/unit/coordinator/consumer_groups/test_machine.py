@@ -21,6 +21,7 @@ from kafscale.coordinator.consumer_groups.model import (
     GroupState,
     MemberState,
 )
+from kafscale.coordinator.consumer_groups.target import preferred_assignor
 from kafscale.ipc.consumer_groups import (
     ConsumerGroupHeartbeat,
     ConsumerGroupHeartbeatResult,
@@ -341,7 +342,7 @@ def test_the_assignor_most_members_name_is_used() -> None:
     c.beat(request("m2", 0, assignor="range"))
     c.beat(request("m3", 0))
     assert c.group is not None
-    assert machine.preferred_assignor(c.group, SETTINGS) == "range"
+    assert preferred_assignor(c.group, SETTINGS) == "range"
     targets = [sorted(m.target[T1]) for m in c.group.members.values()]
     assert sorted(map(len, targets)) == [2, 2, 2]
     assert sorted(p for target in targets for p in target) == list(range(6))
