@@ -23,32 +23,12 @@ def describe(core: Membership, request: messages.DescribeGroups) -> messages.Gro
             code = int(ErrorCode.not_coordinator)
             described.append(messages.GroupDescription(group_id, code, "", "", "", []))
             continue
-        if group_id in core.consumer.groups:  # Kafka: v6+ says so, older ones see it Dead
-            described.append(
-                messages.GroupDescription(
-                    group_id,
-                    int(ErrorCode.group_id_not_found),
-                    GroupState.DEAD.value,
-                    "",
-                    "",
-                    [],
-                    f"Group {group_id} is not a classic group.",
-                )
-            )
+        if group_id in core.consumer.groups:
+            described.append(_not_found(group_id, f"Group {group_id} is not a classic group."))
             continue
         group = core.groups.get(group_id)
-        if group is None:  # Kafka: v6+ says so (KIP-1043), older ones see it Dead
-            described.append(
-                messages.GroupDescription(
-                    group_id,
-                    int(ErrorCode.group_id_not_found),
-                    GroupState.DEAD.value,
-                    "",
-                    "",
-                    [],
-                    f"Group {group_id} not found.",
-                )
-            )
+        if group is None:
+            described.append(_not_found(group_id, f"Group {group_id} not found."))
             continue
         stable = group.state is GroupState.STABLE and group.protocol is not None
         members = [
@@ -73,6 +53,13 @@ def describe(core: Membership, request: messages.DescribeGroups) -> messages.Gro
             )
         )
     return messages.GroupsDescribed(described)
+
+
+def _not_found(group_id: str, message: str) -> messages.GroupDescription:
+    """Dead, GROUP_ID_NOT_FOUND: DescribeGroups v6+ says so (KIP-1043), older versions see a
+    Dead group without error (the frontend drops it)."""
+    code = int(ErrorCode.group_id_not_found)
+    return messages.GroupDescription(group_id, code, GroupState.DEAD.value, "", "", [], message)
 
 
 def list_groups(core: Membership, request: messages.ListGroups) -> messages.GroupsListed:

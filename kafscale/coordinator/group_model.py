@@ -38,7 +38,22 @@ class NotCoordinator(Exception):
     Nothing was written; the request is answered NOT_COORDINATOR."""
 
 
-class GroupStore(Protocol):
+class ConsumerGroupStore(Protocol):
+    """Where consumer (KIP-848) groups persist (``consumer_groups.coordinator``). Raises
+    ``NotCoordinator`` when the write is fenced, anything else when it failed."""
+
+    def save_consumer(
+        self,
+        group_id: str,
+        members: Sequence[ConsumerMemberRecord],
+        removed: Iterable[str],
+        group: ConsumerGroupRecord | None,
+    ) -> None: ...
+
+    def delete_consumer(self, group_id: str) -> None: ...
+
+
+class GroupStore(ConsumerGroupStore, Protocol):
     """Where groups and offsets persist. Raises ``NotCoordinator`` when the write is fenced,
     anything else when it failed otherwise; nothing was written then."""
 
@@ -49,17 +64,6 @@ class GroupStore(Protocol):
     def save_offsets(self, group_id: str, offsets: dict[TopicPartition, OffsetRecord]) -> None: ...
 
     def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None: ...
-
-    # Consumer (KIP-848) groups: ``consumer_groups.coordinator.ConsumerGroupStore``.
-    def save_consumer(
-        self,
-        group_id: str,
-        members: Sequence[ConsumerMemberRecord],
-        removed: Iterable[str],
-        group: ConsumerGroupRecord | None,
-    ) -> None: ...
-
-    def delete_consumer(self, group_id: str) -> None: ...
 
 
 def store_error(exc: Exception) -> ErrorCode:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping
 
 from kafscale.coordinator.consumer_groups import machine
 from kafscale.coordinator.consumer_groups.machine import Step
@@ -30,7 +29,7 @@ from kafscale.coordinator.consumer_groups.model import (
     Partitions,
 )
 from kafscale.coordinator.consumer_groups.target import Topics, preferred_assignor, subscribed_ids
-from kafscale.coordinator.group_model import NotCoordinator, store_error
+from kafscale.coordinator.group_model import ConsumerGroupStore, NotCoordinator, store_error
 from kafscale.ipc import messages
 from kafscale.ipc.consumer_groups import (
     ConsumerGroupDescription,
@@ -45,20 +44,6 @@ from kafscale.protocol.errors import ErrorCode
 log = logging.getLogger(__name__)
 
 CONSUMER = "consumer"
-
-
-class ConsumerGroupStore(Protocol):
-    """Raises ``NotCoordinator`` when the write is fenced, anything else when it failed."""
-
-    def save_consumer(
-        self,
-        group_id: str,
-        members: Sequence[ConsumerMemberRecord],
-        removed: Iterable[str],
-        group: ConsumerGroupRecord | None,
-    ) -> None: ...
-
-    def delete_consumer(self, group_id: str) -> None: ...
 
 
 class ConsumerGroups:

@@ -85,11 +85,12 @@ async def alter(ctx: RequestContext, api_key: int, request: Any, incremental: bo
             replace=not incremental,
             validate_only=bool(request.validate_only),
         )
-        answers = await _ask(ctx, message)
+        answers = await _ask(ctx, message, len(topics), TopicResults)
         outcomes.update(zip(topics, answers, strict=True))
     if groups:
         altered = AlterGroupConfigs(list(groups.values()), incremental, bool(request.validate_only))
-        outcomes.update(zip(groups, await _ask_groups(ctx, altered), strict=True))
+        answers = await _ask(ctx, altered, len(groups), GroupConfigResults)
+        outcomes.update(zip(groups, answers, strict=True))
     response_class = element(schema, "responses")
     return build(
         schema,
@@ -125,29 +126,22 @@ def _broker(ctx: RequestContext, name: str, changes: list[str]) -> Outcome:
     )
 
 
-async def _ask_groups(ctx: RequestContext, message: AlterGroupConfigs) -> list[Outcome]:
-    try:
-        reply = await ctx.broker.coordinator.call(message)
-    except RpcError as exc:
-        log.warning("coordinator unavailable", extra={"error": str(exc), "peer": ctx.peer})
-        unavailable = "the coordinator is unavailable"
-        return [(ErrorCode.request_timed_out, unavailable) for _ in message.groups]
-    if not isinstance(reply, GroupConfigResults):
-        log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})
-        return [(ErrorCode.unknown_server_error, "unexpected reply") for _ in message.groups]
-    await ctx.broker.coordinator.caught_up(reply.revision)
-    return [(ErrorCode(r.error_code), r.error_message) for r in reply.results]
-
-
-async def _ask(ctx: RequestContext, message: AlterTopicConfigs) -> list[Outcome]:
+async def _ask(
+    ctx: RequestContext,
+    message: AlterTopicConfigs | AlterGroupConfigs,
+    count: int,
+    expected: type[TopicResults] | type[GroupConfigResults],
+) -> list[Outcome]:
+    """The coordinator's outcome for each of the ``count`` topics or groups of ``message``,
+    once this broker's view holds the writes."""
     try:
         reply = await ctx.broker.coordinator.call(message)
     except RpcError as exc:
         log.warning("coordinator unavailable", extra={"error": str(exc), "peer": ctx.peer})
         unavailable = "the coordinator is unavailable"  # the detail is logged, not sent
-        return [(ErrorCode.request_timed_out, unavailable) for _ in message.topics]
-    if not isinstance(reply, TopicResults):
+        return [(ErrorCode.request_timed_out, unavailable)] * count
+    if not isinstance(reply, expected):
         log.error("unexpected reply from the coordinator", extra={"reply": repr(reply)})
-        return [(ErrorCode.unknown_server_error, "unexpected reply") for _ in message.topics]
+        return [(ErrorCode.unknown_server_error, "unexpected reply")] * count
     await ctx.broker.coordinator.caught_up(reply.revision)
     return [(ErrorCode(r.error_code), r.error_message) for r in reply.results]
