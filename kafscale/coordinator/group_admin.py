@@ -1,5 +1,6 @@
 """Administration of the groups this broker coordinates: DescribeGroups, ListGroups and
-DeleteGroups, on the state machine's groups (``group_membership.Membership``). Pure.
+DeleteGroups, on the state machine's groups (``group_membership.Membership``). Pure: DeleteGroups'
+writes are instructions (``Write``).
 
 As on Kafka, each broker answers for the groups it coordinates: ListGroups lists only those
 (admin clients ask every broker), DescribeGroups and DeleteGroups answer NOT_COORDINATOR for the
@@ -11,7 +12,14 @@ offsets with it.
 from __future__ import annotations
 
 from kafscale.coordinator.group_membership import Membership
-from kafscale.coordinator.group_model import GroupState
+from kafscale.coordinator.group_model import (
+    DeleteGroup,
+    GroupState,
+    Instructions,
+    Reply,
+    Token,
+    Write,
+)
 from kafscale.ipc import messages
 from kafscale.protocol.errors import ErrorCode
 
@@ -79,13 +87,30 @@ def list_groups(core: Membership, request: messages.ListGroups) -> messages.Grou
     return messages.GroupsListed(sorted(listed, key=lambda g: g.group_id))
 
 
-def delete(core: Membership, request: messages.DeleteGroups) -> messages.GroupsDeleted:
-    results = []
-    for group_id in request.group_ids:
+def delete(
+    core: Membership,
+    token: Token,
+    request: messages.DeleteGroups,
+    consumer: dict[str, ErrorCode | None],
+) -> Instructions:
+    """``consumer[group_id]``: how deleting the consumer group of that id went (None: there is
+    none, or this broker does not coordinate it)."""
+    return _delete_each(core, token, list(request.group_ids), consumer, [])
+
+
+def _delete_each(
+    core: Membership,
+    token: Token,
+    group_ids: list[str],
+    consumer: dict[str, ErrorCode | None],
+    results: list[tuple[str, int]],
+) -> Instructions:
+    """The groups one after another, each deleted before the next is looked at."""
+    for at, group_id in enumerate(group_ids):
         group = core.groups.get(group_id)
-        consumer = core.consumer.delete(group_id) if core.coordinates(group_id) else None
-        if consumer is not None and (consumer is not ErrorCode.none or group is None):
-            results.append((group_id, int(consumer)))  # refused, or no offsets to delete
+        deleted = consumer.get(group_id)
+        if deleted is not None and (deleted is not ErrorCode.none or group is None):
+            results.append((group_id, int(deleted)))  # refused, or no offsets to delete
         elif not core.coordinates(group_id):
             results.append((group_id, int(ErrorCode.not_coordinator)))
         elif group is None or group.state is GroupState.DEAD:
@@ -93,12 +118,21 @@ def delete(core: Membership, request: messages.DeleteGroups) -> messages.GroupsD
         elif group.state is not GroupState.EMPTY:
             results.append((group_id, int(ErrorCode.non_empty_group)))
         else:
-            try:
-                core.store.delete_group(group_id, list(group.offsets))
-            except Exception as exc:
-                results.append((group_id, int(core.store_failed(group, "deletion", exc))))
-                continue
-            group.state = GroupState.DEAD
-            del core.groups[group_id]
-            results.append((group_id, int(ErrorCode.none)))
-    return messages.GroupsDeleted(results)
+            rest = group_ids[at + 1 :]
+
+            def done(group_id: str = group_id, rest: list[str] = rest) -> Instructions:
+                gone = core.groups.pop(group_id, None)
+                if gone is not None:
+                    gone.state = GroupState.DEAD
+                results.append((group_id, int(ErrorCode.none)))
+                return _delete_each(core, token, rest, consumer, results)
+
+            def failed(
+                code: ErrorCode, group_id: str = group_id, rest: list[str] = rest
+            ) -> Instructions:
+                results.append((group_id, int(code)))
+                return _delete_each(core, token, rest, consumer, results)
+
+            change = DeleteGroup(group_id, tuple(group.offsets))
+            return [Write(group_id, "deletion", change, done, failed)]
+    return [Reply(token, messages.GroupsDeleted(results))]

@@ -1,6 +1,11 @@
-"""The group state machine's membership core: rebalances (the join phase completing, SyncGroup),
-heartbeats, members leaving or expiring, and forgetting groups this broker stops coordinating.
-JoinGroup and the requests without a membership side build on it in ``groups``.
+"""The classic group state machine's membership core: rebalances (the join phase completing,
+SyncGroup), heartbeats, members leaving or expiring, and forgetting groups this broker stops
+coordinating. JoinGroup and the requests without a membership side build on it in ``groups``.
+
+Pure: every method changes the groups in memory and returns the ``Instructions`` that carry the
+change out -- answers (``Reply``) and store writes (``Write``), in order; the caller
+(``groups.GroupCoordinator``) executes them. A change that must be stored before anyone sees it
+is made in a write's ``done`` continuation, so a refused write needs no undoing.
 
 Invariants: a member waits in at most one JoinGroup and one SyncGroup (``join_token``,
 ``sync_token``), and every waiting request is answered exactly once -- with its result, or an
@@ -13,19 +18,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
-from kafscale.coordinator.consumer_groups.model import ConsumerSettings
 from kafscale.coordinator.group_model import (
+    ConsumerView,
     Group,
     GroupSettings,
     GroupState,
-    GroupStore,
+    Instructions,
     Member,
-    NotCoordinator,
-    Send,
+    Reply,
+    SaveGroup,
     Token,
+    Write,
     member_error,
-    store_error,
 )
 from kafscale.ipc import messages
 from kafscale.ipc.messages import GroupMember, JoinGroupResult
@@ -38,40 +42,35 @@ class Membership:
     def __init__(
         self,
         settings: GroupSettings,
-        store: GroupStore,
-        send: Send,
         coordinates: Callable[[str], bool],
-        consumer: ConsumerGroups | None = None,
+        consumer: ConsumerView,
     ) -> None:
         """``coordinates(group_id)``: whether this broker coordinates the group now; requests
         for any other group are answered NOT_COORDINATOR. ``consumer``: the consumer (KIP-848)
         groups of the same ids, which the classic requests must not take for theirs."""
-        self.consumer = consumer or ConsumerGroups(
-            ConsumerSettings(), store, coordinates, lambda: {}
-        )
         self.settings = settings
-        self.store = store
-        self.send = send
         self.coordinates = coordinates
+        self.consumer = consumer
         self.groups: dict[str, Group] = {}
         self.rebalances = 0  # completed join phases, for metrics
 
-    def forget(self, group_ids: Iterable[str]) -> None:
+    def forget(self, group_ids: Iterable[str]) -> Instructions:
         """This broker no longer coordinates these groups: their waiting members are answered
         NOT_COORDINATOR (they look the coordinator up again) and nothing of them is kept."""
-        group_ids = list(group_ids)
-        self.consumer.forget(group_ids)
+        out: Instructions = []
         for group_id in group_ids:
             group = self.groups.pop(group_id, None)
             if group is not None:
                 for member in group.members.values():
-                    self._dismiss(member, ErrorCode.not_coordinator)
+                    out += dismiss(member, ErrorCode.not_coordinator)
+        return out
 
     # -- rebalancing ---------------------------------------------------------------------------
 
-    def _prepare_rebalance(self, group: Group, now: int, reason: str) -> None:
+    def _prepare_rebalance(self, group: Group, now: int, reason: str) -> Instructions:
+        out: Instructions = []
         if group.state is GroupState.COMPLETING_REBALANCE:
-            self._fail_syncs(group, ErrorCode.rebalance_in_progress)
+            out += _fail_syncs(group, ErrorCode.rebalance_in_progress)
         was_empty = group.state is GroupState.EMPTY
         group.state = GroupState.PREPARING_REBALANCE
         group.sync_deadline_ms = None
@@ -87,20 +86,22 @@ class Membership:
             "preparing rebalance",
             extra={"group": group.group_id, "generation": group.generation, "reason": reason},
         )
-        self._maybe_complete_join(group, now)
+        return out + self._maybe_complete_join(group, now)
 
-    def _maybe_complete_join(self, group: Group, now: int) -> None:
+    def _maybe_complete_join(self, group: Group, now: int) -> Instructions:
         if group.state is not GroupState.PREPARING_REBALANCE:
-            return
+            return []
         deadline = group.join_deadline_ms
         expired = deadline is not None and now >= deadline
         if expired or (group.all_joined() and not group.initial_delay):
-            self._complete_join(group, now)
+            return self._complete_join(group, now)
+        return []
 
-    def _complete_join(self, group: Group, now: int) -> None:
+    def _complete_join(self, group: Group, now: int) -> Instructions:
+        out: Instructions = []
         for member in [m for m in group.members.values() if m.join_token is None]:
             if member.group_instance_id is None:
-                self._remove(group, member, "did not rejoin in time")
+                out += _remove(group, member, "did not rejoin in time")
         group.pending.clear()
         group.join_deadline_ms = None
         group.initial_delay = False
@@ -110,8 +111,7 @@ class Membership:
             group.protocol = None
             group.leader = None
             group.state = GroupState.EMPTY
-            self._save_quietly(group)
-            return
+            return [*out, _save(group)]
         if group.leader not in group.members or group.members[group.leader].join_token is None:
             joined = [m.member_id for m in group.members.values() if m.join_token is not None]
             group.leader = joined[0] if joined else next(iter(group.members))
@@ -132,33 +132,14 @@ class Membership:
             member.expires_ms = now + member.session_timeout_ms
             if member.join_token is not None:
                 token, member.join_token = member.join_token, None
-                self.send(token, self._join_result(group, member))
-
-    def _join_result(self, group: Group, member: Member) -> JoinGroupResult:
-        assert group.protocol is not None
-        members = []
-        if member.member_id == group.leader:
-            protocol = group.protocol
-            members = [
-                GroupMember(m.member_id, m.group_instance_id, m.metadata(protocol))
-                for m in group.members.values()
-            ]
-        return JoinGroupResult(
-            int(ErrorCode.none),
-            group.generation,
-            group.protocol_type,
-            group.protocol,
-            group.leader or "",
-            member_id=member.member_id,
-            members=members,
-        )
+                out.append(Reply(token, join_result(group, member)))
+        return out
 
     # -- SyncGroup -----------------------------------------------------------------------------
 
-    def sync(self, token: Token, request: messages.SyncGroup, now: int) -> None:
+    def sync(self, token: Token, request: messages.SyncGroup, now: int) -> Instructions:
         if not self.coordinates(request.group_id):
-            self.send(token, messages.SyncGroupResult(int(ErrorCode.not_coordinator)))
-            return
+            return [Reply(token, messages.SyncGroupResult(int(ErrorCode.not_coordinator)))]
         group = self.groups.get(request.group_id)
         error = member_error(group, request.member_id, request.group_instance_id)
         if error is None:
@@ -172,51 +153,46 @@ class Membership:
             elif group.state is GroupState.PREPARING_REBALANCE:
                 error = ErrorCode.rebalance_in_progress
         if error is not None:
-            self.send(token, messages.SyncGroupResult(int(error)))
-            return
+            return [Reply(token, messages.SyncGroupResult(int(error)))]
         assert group is not None
         member = group.members[request.member_id]
         if group.state is GroupState.STABLE:
             member.expires_ms = now + member.session_timeout_ms
-            self.send(token, self._sync_result(group, member))
-            return
+            return [Reply(token, _sync_result(group, member))]
         member.sync_token = token
         if request.member_id != group.leader:
-            return
+            return []
         assignments = dict(request.assignments)
         for each in group.members.values():
             each.assignment = assignments.get(each.member_id, b"")
-        try:
-            self.store.save_group(group.record())
-        except Exception as exc:
-            self._fail_syncs(group, self.store_failed(group, "assignment", exc))
-            if not isinstance(exc, NotCoordinator):  # else the group is forgotten anyway
-                self._prepare_rebalance(group, now, "storing the assignment failed")
-            return
-        group.state = GroupState.STABLE
-        group.sync_deadline_ms = None
-        for each in group.members.values():
-            each.expires_ms = now + each.session_timeout_ms
-            if each.sync_token is not None:
-                waiting, each.sync_token = each.sync_token, None
-                self.send(waiting, self._sync_result(group, each))
+        generation = group.generation
 
-    def _sync_result(self, group: Group, member: Member) -> messages.SyncGroupResult:
-        return messages.SyncGroupResult(
-            int(ErrorCode.none), group.protocol_type, group.protocol, member.assignment
-        )
+        def stored() -> Instructions:
+            if group.generation != generation or group.state is not GroupState.COMPLETING_REBALANCE:
+                return []  # another step moved the group on meanwhile
+            group.state = GroupState.STABLE
+            group.sync_deadline_ms = None
+            out: Instructions = []
+            for each in group.members.values():
+                each.expires_ms = now + each.session_timeout_ms
+                if each.sync_token is not None:
+                    waiting, each.sync_token = each.sync_token, None
+                    out.append(Reply(waiting, _sync_result(group, each)))
+            return out
 
-    def _fail_syncs(self, group: Group, error: ErrorCode) -> None:
-        for member in group.members.values():
-            if member.sync_token is not None:
-                waiting, member.sync_token = member.sync_token, None
-                self.send(waiting, messages.SyncGroupResult(int(error)))
+        def refused(code: ErrorCode) -> Instructions:
+            out = _fail_syncs(group, code)
+            if code is not ErrorCode.not_coordinator:  # else the group is forgotten anyway
+                out += self._prepare_rebalance(group, now, "storing the assignment failed")
+            return out
+
+        return [Write(group.group_id, "assignment", SaveGroup(group.record()), stored, refused)]
 
     # -- Heartbeat and LeaveGroup --------------------------------------------------------------
 
-    def heartbeat(self, request: messages.Heartbeat, now: int) -> messages.GroupError:
+    def heartbeat(self, token: Token, request: messages.Heartbeat, now: int) -> Instructions:
         if not self.coordinates(request.group_id):
-            return messages.GroupError(int(ErrorCode.not_coordinator))
+            return [Reply(token, messages.GroupError(int(ErrorCode.not_coordinator)))]
         group = self.groups.get(request.group_id)
         error = member_error(group, request.member_id, request.group_instance_id)
         if error is None:
@@ -228,16 +204,16 @@ class Membership:
                 member.expires_ms = now + member.session_timeout_ms
                 if group.state is GroupState.PREPARING_REBALANCE:
                     error = ErrorCode.rebalance_in_progress
-        return messages.GroupError(int(error or ErrorCode.none))
+        return [Reply(token, messages.GroupError(int(error or ErrorCode.none)))]
 
-    def leave(self, request: messages.LeaveGroup, now: int) -> messages.LeaveGroupResult:
+    def leave(self, token: Token, request: messages.LeaveGroup, now: int) -> Instructions:
         if not self.coordinates(request.group_id):
             code = int(ErrorCode.not_coordinator)
-            return messages.LeaveGroupResult(
-                code, [(m.member_id, m.group_instance_id, code) for m in request.members]
-            )
+            results = [(m.member_id, m.group_instance_id, code) for m in request.members]
+            return [Reply(token, messages.LeaveGroupResult(code, results))]
         group = self.groups.get(request.group_id)
-        results: list[tuple[str, str | None, int]] = []
+        out: Instructions = []
+        answers: list[tuple[str, str | None, int]] = []
         for leaving in request.members:
             member_id = leaving.member_id
             if group is not None and not member_id and leaving.group_instance_id:
@@ -256,75 +232,29 @@ class Membership:
             elif member_id not in group.members:
                 error = ErrorCode.unknown_member_id
             else:
-                self._remove(group, group.members[member_id], leaving.reason or "left the group")
-            results.append((member_id, leaving.group_instance_id, int(error)))
+                reason = leaving.reason or "left the group"
+                out += _remove(group, group.members[member_id], reason)
+            answers.append((member_id, leaving.group_instance_id, int(error)))
         if group is not None:
-            self._after_removal(group, now)
-        return messages.LeaveGroupResult(int(ErrorCode.none), results)
+            out += self._after_removal(group, now)
+        return [Reply(token, messages.LeaveGroupResult(int(ErrorCode.none), answers)), *out]
 
     # -- members leaving -----------------------------------------------------------------------
 
-    def _remove(self, group: Group, member: Member, reason: str) -> None:
-        del group.members[member.member_id]
-        if (
-            member.group_instance_id
-            and group.static.get(member.group_instance_id) == member.member_id
-        ):
-            del group.static[member.group_instance_id]
-        self._dismiss(member, ErrorCode.unknown_member_id)
-        if group.leader == member.member_id:
-            group.leader = next(iter(group.members), None)
-        log.info(
-            "member removed",
-            extra={"group": group.group_id, "member": member.member_id, "reason": reason},
-        )
-
-    def _dismiss(self, member: Member, error: ErrorCode) -> None:
-        """Answer whatever the member is waiting in with ``error``."""
-        if member.join_token is not None:
-            self.send(member.join_token, JoinGroupResult(int(error), member_id=member.member_id))
-        if member.sync_token is not None:
-            self.send(member.sync_token, messages.SyncGroupResult(int(error)))
-        member.join_token = member.sync_token = None
-
-    def _after_removal(self, group: Group, now: int) -> None:
+    def _after_removal(self, group: Group, now: int) -> Instructions:
         """Members left or expired: the rest must rebalance (or the group is empty now)."""
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             if group.members:
-                self._prepare_rebalance(group, now, "a member left")
-            else:
-                self._to_empty(group)
-        elif group.state is GroupState.PREPARING_REBALANCE:
-            self._maybe_complete_join(group, now)
-
-    def _to_empty(self, group: Group) -> None:
-        self._fail_syncs(group, ErrorCode.rebalance_in_progress)
-        group.state = GroupState.EMPTY
-        group.generation += 1
-        group.protocol = None
-        group.leader = None
-        group.sync_deadline_ms = None
-        self._save_quietly(group)
-
-    def _save_quietly(self, group: Group) -> None:
-        try:
-            self.store.save_group(group.record())
-        except Exception as exc:  # the in-memory state stays right; a restart loses the change
-            self.store_failed(group, "group", exc)
-
-    def store_failed(self, group: Group, what: str, exc: Exception) -> ErrorCode:
-        """Log a failed write of the group's ``what``; the error code to answer with."""
-        code = store_error(exc)
-        extra = {"group": group.group_id, "what": what, "error": str(exc)}
-        if code is ErrorCode.not_coordinator:
-            log.warning("not stored: no longer the group's coordinator", extra=extra)
-        else:
-            log.error("cannot store group", extra=extra)
-        return code
+                return self._prepare_rebalance(group, now, "a member left")
+            return _to_empty(group)
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return self._maybe_complete_join(group, now)
+        return []
 
     # -- time ----------------------------------------------------------------------------------
 
-    def tick(self, now: int) -> None:
+    def tick(self, now: int) -> Instructions:
+        out: Instructions = []
         for group in list(self.groups.values()):
             for member_id, expires in list(group.pending.items()):
                 if now >= expires:
@@ -335,7 +265,7 @@ class Membership:
                 if m.join_token is None and m.sync_token is None and now >= m.expires_ms
             ]
             for member in expired:
-                self._remove(group, member, "session timed out")
+                out += _remove(group, member, "session timed out")
             changed = bool(expired)
             if (
                 group.state is GroupState.COMPLETING_REBALANCE
@@ -343,11 +273,12 @@ class Membership:
                 and now >= group.sync_deadline_ms
             ):
                 for member in [m for m in group.members.values() if m.sync_token is None]:
-                    self._remove(group, member, "did not sync in time")
+                    out += _remove(group, member, "did not sync in time")
                 changed = True
             if changed:
-                self._after_removal(group, now)
-            self._maybe_complete_join(group, now)
+                out += self._after_removal(group, now)
+            out += self._maybe_complete_join(group, now)
+        return out
 
     def next_deadline(self) -> int | None:
         deadlines: list[int] = []
@@ -362,3 +293,85 @@ class Membership:
                 if deadline is not None:
                     deadlines.append(deadline)
         return min(deadlines, default=None)
+
+
+# -- helpers: pure, on one group ---------------------------------------------------------------
+
+
+def join_result(group: Group, member: Member, skip_assignment: bool = False) -> JoinGroupResult:
+    """The JoinGroup answer of ``member`` in the group's current generation: the leader gets
+    every member's metadata for the chosen protocol."""
+    assert group.protocol is not None
+    members = []
+    if member.member_id == group.leader:
+        protocol = group.protocol
+        members = [
+            GroupMember(m.member_id, m.group_instance_id, m.metadata(protocol))
+            for m in group.members.values()
+        ]
+    return JoinGroupResult(
+        int(ErrorCode.none),
+        group.generation,
+        group.protocol_type,
+        group.protocol,
+        group.leader or "",
+        skip_assignment=skip_assignment,
+        member_id=member.member_id,
+        members=members,
+    )
+
+
+def _sync_result(group: Group, member: Member) -> messages.SyncGroupResult:
+    return messages.SyncGroupResult(
+        int(ErrorCode.none), group.protocol_type, group.protocol, member.assignment
+    )
+
+
+def _fail_syncs(group: Group, error: ErrorCode) -> Instructions:
+    out: Instructions = []
+    for member in group.members.values():
+        if member.sync_token is not None:
+            waiting, member.sync_token = member.sync_token, None
+            out.append(Reply(waiting, messages.SyncGroupResult(int(error))))
+    return out
+
+
+def _remove(group: Group, member: Member, reason: str) -> Instructions:
+    del group.members[member.member_id]
+    if member.group_instance_id and group.static.get(member.group_instance_id) == member.member_id:
+        del group.static[member.group_instance_id]
+    if group.leader == member.member_id:
+        group.leader = next(iter(group.members), None)
+    log.info(
+        "member removed",
+        extra={"group": group.group_id, "member": member.member_id, "reason": reason},
+    )
+    return dismiss(member, ErrorCode.unknown_member_id)
+
+
+def dismiss(member: Member, error: ErrorCode) -> Instructions:
+    """Answer whatever the member is waiting in with ``error``."""
+    out: Instructions = []
+    if member.join_token is not None:
+        result = JoinGroupResult(int(error), member_id=member.member_id)
+        out.append(Reply(member.join_token, result))
+    if member.sync_token is not None:
+        out.append(Reply(member.sync_token, messages.SyncGroupResult(int(error))))
+    member.join_token = member.sync_token = None
+    return out
+
+
+def _to_empty(group: Group) -> Instructions:
+    out = _fail_syncs(group, ErrorCode.rebalance_in_progress)
+    group.state = GroupState.EMPTY
+    group.generation += 1
+    group.protocol = None
+    group.leader = None
+    group.sync_deadline_ms = None
+    return [*out, _save(group)]
+
+
+def _save(group: Group) -> Write:
+    """Store the group as it is now. If the store refuses, the memory stays right (the answers
+    do not depend on it) and a restart or a new coordinator loses the change."""
+    return Write(group.group_id, "group", SaveGroup(group.record()))

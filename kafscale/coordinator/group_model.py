@@ -1,5 +1,6 @@
-"""What the consumer-group state machine (``groups``) is made of: groups, members, their states,
-the settings, and the ``GroupStore`` contract. Plain data and pure helpers, no I/O.
+"""What the classic group state machine (``groups``) is made of: groups, members, their states,
+the settings, the instructions it returns (``Reply``, ``Write``) and the ``GroupStore`` contract
+they are carried out on. Plain data and pure helpers, no I/O.
 
 A ``Group`` is the coordinator's memory of one group while this broker coordinates it; what must
 outlive that (membership and assignment as of the last rebalance, committed offsets) is in the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,6 +65,77 @@ class GroupStore(ConsumerGroupStore, Protocol):
     def save_offsets(self, group_id: str, offsets: dict[TopicPartition, OffsetRecord]) -> None: ...
 
     def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None: ...
+
+
+class ConsumerView(Protocol):
+    """What the classic machine reads of the consumer (KIP-848) groups of the same ids
+    (``consumer_groups.coordinator.ConsumerGroups``): it never changes them."""
+
+    @property
+    def groups(self) -> Mapping[str, Any]: ...
+
+    def commit_error(self, request: messages.OffsetCommit) -> ErrorCode | None: ...
+
+    def fetch_error(self, query: messages.GroupOffsetsQuery) -> ErrorCode | None: ...
+
+    def subscribed_names(self, group_id: str) -> set[str]: ...
+
+    def listings(self, states: set[str]) -> list[messages.GroupListing]: ...
+
+
+# -- instructions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Answer the request ``token`` stands for with ``message``."""
+
+    token: Token
+    message: messages.Message
+
+
+@dataclass(frozen=True)
+class SaveGroup:
+    record: GroupRecord
+
+
+@dataclass(frozen=True)
+class DeleteGroup:
+    group_id: str
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True)
+class SaveOffsets:
+    group_id: str
+    offsets: Mapping[TopicPartition, OffsetRecord]
+
+
+@dataclass(frozen=True)
+class DeleteOffsets:
+    group_id: str
+    partitions: tuple[TopicPartition, ...]
+
+
+Change = SaveGroup | DeleteGroup | SaveOffsets | DeleteOffsets
+
+
+@dataclass(frozen=True)
+class Write:
+    """Make ``change`` in the store (for the logs: the group's ``what``), then carry out
+    ``done()``'s instructions -- or, if the store refused, ``failed(code)``'s, ``code`` being
+    the answer the request gets (``store_error``). Nothing that depends on the write is in the
+    group or sent before ``done`` runs."""
+
+    group_id: str
+    what: str
+    change: Change
+    done: Callable[[], Instructions] = lambda: []
+    failed: Callable[[ErrorCode], Instructions] = lambda code: []
+
+
+Instruction = Reply | Write
+Instructions = list[Instruction]
 
 
 def store_error(exc: Exception) -> ErrorCode:
@@ -148,11 +220,7 @@ class Group:
         return set.intersection(*sets) if sets else set()
 
     def select_protocol(self) -> str:
-        candidates = self.candidates()
-        votes: Counter[str] = Counter()
-        for member in self.members.values():
-            votes[next(name for name, _ in member.protocols if name in candidates)] += 1
-        return max(votes, key=lambda name: votes[name])  # ties: the first member's preference
+        return choose_protocol(list(self.members.values()))
 
     def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         if not self.members:
@@ -165,6 +233,16 @@ class Group:
 
     def rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+
+def choose_protocol(members: Sequence[Member]) -> str:
+    """The protocol (assignor) of a group of ``members``: among those every member supports,
+    the one most members prefer (ties: the first member's preference)."""
+    candidates = set.intersection(*({name for name, _ in m.protocols} for m in members))
+    votes: Counter[str] = Counter()
+    for member in members:
+        votes[next(name for name, _ in member.protocols if name in candidates)] += 1
+    return max(votes, key=lambda name: votes[name])
 
 
 def member_error(group: Group | None, member_id: str, instance_id: str | None) -> ErrorCode | None:

@@ -1,9 +1,9 @@
 """Committed offsets of the groups this broker coordinates: OffsetCommit, OffsetFetch and
-OffsetDelete, on the state machine's groups (``group_membership.Membership``). Pure: the store
-is the ``GroupStore`` the state machine was given, the time an argument.
+OffsetDelete, on the state machine's groups (``group_membership.Membership``). Pure: the writes
+are instructions (``Write``), the time an argument.
 
-An offset is in memory only once the store took it, and a commit is acknowledged only then; a
-fenced write (``NotCoordinator``) is answered NOT_COORDINATOR for every partition.
+An offset is in memory only once the store took it, and a commit is acknowledged only then (in
+the write's ``done``); a fenced write is answered NOT_COORDINATOR for every partition.
 OffsetCommit with generation -1 from outside any member is accepted only while the group is empty
 (simple consumers using assign(), and admin tools); otherwise member and generation must match,
 and a group completing its rebalance answers REBALANCE_IN_PROGRESS.
@@ -14,7 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kafscale.coordinator.group_membership import Membership
-from kafscale.coordinator.group_model import Group, GroupState, TopicPartition, member_error
+from kafscale.coordinator.group_model import (
+    DeleteOffsets,
+    Group,
+    GroupState,
+    Instructions,
+    Reply,
+    SaveOffsets,
+    Token,
+    TopicPartition,
+    Write,
+    member_error,
+)
 from kafscale.ipc import messages
 from kafscale.ipc.messages import PartitionOffset
 from kafscale.metadata.records import OffsetRecord
@@ -22,11 +33,11 @@ from kafscale.protocol.errors import ErrorCode
 
 
 def commit(
-    core: Membership, request: messages.OffsetCommit, now: int
-) -> messages.OffsetCommitResult:
+    core: Membership, token: Token, request: messages.OffsetCommit, now: int
+) -> Instructions:
     error = _commit_error(core, request)
     if error is not None:
-        return messages.OffsetCommitResult([int(error)] * len(request.offsets))
+        return [Reply(token, messages.OffsetCommitResult([int(error)] * len(request.offsets)))]
     group = core.groups.get(request.group_id)
     if group is None:
         group = core.groups[request.group_id] = Group(request.group_id)
@@ -46,14 +57,18 @@ def commit(
                 offset.offset, offset.leader_epoch, metadata, now
             )
             codes.append(int(ErrorCode.none))
-    if accepted:
-        try:
-            core.store.save_offsets(group.group_id, accepted)
-        except Exception as exc:
-            failed = int(core.store_failed(group, "offsets", exc))
-            return messages.OffsetCommitResult([c or failed for c in codes])
+    if not accepted:
+        return [Reply(token, messages.OffsetCommitResult(codes))]
+
+    def stored() -> Instructions:
         group.offsets.update(accepted)
-    return messages.OffsetCommitResult(codes)
+        return [Reply(token, messages.OffsetCommitResult(codes))]
+
+    def refused(code: ErrorCode) -> Instructions:
+        return [Reply(token, messages.OffsetCommitResult([c or int(code) for c in codes]))]
+
+    change = SaveOffsets(group.group_id, accepted)
+    return [Write(group.group_id, "offsets", change, stored, refused)]
 
 
 def _commit_error(core: Membership, request: messages.OffsetCommit) -> ErrorCode | None:
@@ -108,15 +123,18 @@ def fetch(core: Membership, request: messages.OffsetFetch) -> messages.OffsetFet
 
 
 def delete(
-    core: Membership, request: messages.OffsetDelete, subscribed: Callable[[Group], set[str]]
-) -> messages.OffsetsDeleted:
+    core: Membership,
+    token: Token,
+    request: messages.OffsetDelete,
+    subscribed: Callable[[Group], set[str]],
+) -> Instructions:
     """OffsetDelete: ``subscribed(group)`` names the topics its members consume, whose offsets
     cannot be deleted while the group is active."""
     if not core.coordinates(request.group_id):
-        return messages.OffsetsDeleted(int(ErrorCode.not_coordinator))
+        return [Reply(token, messages.OffsetsDeleted(int(ErrorCode.not_coordinator)))]
     group = core.groups.get(request.group_id)
     if group is None or group.state is GroupState.DEAD:
-        return messages.OffsetsDeleted(int(ErrorCode.group_id_not_found))
+        return [Reply(token, messages.OffsetsDeleted(int(ErrorCode.group_id_not_found)))]
     busy = subscribed(group) if group.state is not GroupState.EMPTY else set()
     busy |= core.consumer.subscribed_names(group.group_id)
     results, doomed = [], []
@@ -127,11 +145,17 @@ def delete(
             results.append((topic, partition, int(ErrorCode.none)))
             if (topic, partition) in group.offsets:
                 doomed.append((topic, partition))
-    if doomed:
-        try:
-            core.store.delete_offsets(group.group_id, doomed)
-        except Exception as exc:
-            return messages.OffsetsDeleted(int(core.store_failed(group, "offset deletion", exc)))
+    answer = messages.OffsetsDeleted(int(ErrorCode.none), results)
+    if not doomed:
+        return [Reply(token, answer)]
+
+    def deleted() -> Instructions:
         for key in doomed:
-            del group.offsets[key]
-    return messages.OffsetsDeleted(int(ErrorCode.none), results)
+            group.offsets.pop(key, None)
+        return [Reply(token, answer)]
+
+    def refused(code: ErrorCode) -> Instructions:
+        return [Reply(token, messages.OffsetsDeleted(int(code)))]
+
+    change = DeleteOffsets(group.group_id, tuple(doomed))
+    return [Write(group.group_id, "offset deletion", change, deleted, refused)]

@@ -37,8 +37,9 @@ from kafscale.coordinator.assignment import Partition
 from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
 from kafscale.coordinator.consumer_groups.model import ConsumerSettings
 from kafscale.coordinator.consumer_groups.target import Topics
+from kafscale.coordinator.group_coordinator import GroupCoordinator
+from kafscale.coordinator.group_model import Group, GroupSettings, GroupState
 from kafscale.coordinator.group_store import MetadataGroupStore
-from kafscale.coordinator.groups import Group, GroupCoordinator, GroupSettings, GroupState
 from kafscale.ipc import consumer_groups, messages
 from kafscale.ipc.rpc import Handler, Incoming
 from kafscale.metadata import records

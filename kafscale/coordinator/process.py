@@ -37,8 +37,8 @@ from .configs import ConfigAdmin
 from .consumer_groups.model import ConsumerSettings
 from .credentials import CredentialAdmin
 from .garbage import GarbageCollector
+from .group_model import GroupSettings
 from .group_service import TICK_MS, GroupService
-from .groups import GroupSettings
 from .history import HistoryCompactor
 from .log_start import LogStarts, ShardNotices
 from .owner_state import OwnerState

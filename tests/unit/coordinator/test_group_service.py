@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kafscale.coordinator.admin import TopicAdmin
+from kafscale.coordinator.group_model import GroupSettings
 from kafscale.coordinator.group_service import GroupService
-from kafscale.coordinator.groups import GroupSettings
 from kafscale.ipc import messages
 from kafscale.ipc.messages import CreateTopics, TopicSpec
 from kafscale.ipc.rpc import Incoming

@@ -9,12 +9,8 @@ from typing import Any
 
 import pytest
 
-from kafscale.coordinator.groups import (
-    GroupCoordinator,
-    GroupSettings,
-    GroupState,
-    NotCoordinator,
-)
+from kafscale.coordinator.group_coordinator import GroupCoordinator
+from kafscale.coordinator.group_model import GroupSettings, GroupState, NotCoordinator
 from kafscale.ipc import messages
 from kafscale.metadata.records import GroupRecord, OffsetRecord
 from kafscale.protocol.errors import ErrorCode
