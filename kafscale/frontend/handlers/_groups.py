@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=messages.Message)
 R = TypeVar("R")
+D = TypeVar("D")
 DEFAULT_TIMEOUT_S = 30.0
 NO_THROTTLE = datetime.timedelta(0)
 
@@ -77,6 +78,31 @@ def in_request_order(
         return list(answers)
     given = iter(answers)
     return [next(given) if ok else refusal(index) for index, ok in enumerate(permitted)]
+
+
+async def describe_permitted(
+    ctx: RequestContext,
+    group_ids: list[str],
+    request: Callable[[list[str]], messages.Message],
+    expected: type[M],
+    described: Callable[[M], list[D]],
+    failed: Callable[[str, int], D],
+) -> list[D]:
+    """A description of each of ``group_ids``, in the request's order: the coordinator's
+    (``described(reply)`` to ``request(groups)``) for the groups the principal may DESCRIBE,
+    ``failed(group_id, error)`` for the others (GROUP_AUTHORIZATION_FAILED, the coordinator
+    never hears of them) and for every group when the coordinator cannot be asked."""
+    permitted = [group_allowed(ctx, AclOperation.DESCRIBE, g) for g in group_ids]
+    asked = [g for g, ok in zip(group_ids, permitted, strict=True) if ok]
+    answers: list[D] = []
+    if asked:
+        reply = await ask(ctx, request(asked), expected)
+        if isinstance(reply, ErrorCode):
+            answers = [failed(g, int(reply)) for g in asked]
+        else:
+            answers = described(reply)
+    denied = int(ErrorCode.group_authorization_failed)
+    return in_request_order(permitted, answers, lambda i: failed(group_ids[i], denied))
 
 
 def schema(ctx: RequestContext, api_key: int) -> type[Any]:

@@ -16,20 +16,14 @@ from kio.schema.consumer_group_describe.v1.response import ConsumerGroupDescribe
 
 from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import (
-    ask,
-    group_allowed,
-    in_request_order,
-    respond,
-    schema,
-)
+from kafscale.frontend.handlers._groups import describe_permitted, respond, schema
 from kafscale.ipc.consumer_groups import (
     ConsumerGroupDescribe,
     ConsumerGroupDescription,
     ConsumerGroupsDescribed,
     TopicIdPartitions,
 )
-from kafscale.protocol.acls import NOT_REQUESTED, AclOperation
+from kafscale.protocol.acls import NOT_REQUESTED
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 from kafscale.security.authorizer import ResourceType
@@ -46,18 +40,14 @@ def _failed(group_id: str, error: int) -> ConsumerGroupDescription:
 async def handle(
     ctx: RequestContext, request: ConsumerGroupDescribeRequest
 ) -> ConsumerGroupDescribeResponse:
-    group_ids = [str(g) for g in request.group_ids]
-    permitted = [group_allowed(ctx, AclOperation.DESCRIBE, g) for g in group_ids]
-    asked = [g for g, ok in zip(group_ids, permitted, strict=True) if ok]
-    described: list[ConsumerGroupDescription] = []
-    if asked:
-        reply = await ask(ctx, ConsumerGroupDescribe(asked), ConsumerGroupsDescribed)
-        if isinstance(reply, ErrorCode):
-            described = [_failed(g, int(reply)) for g in asked]
-        else:
-            described = reply.groups
-    denied = int(ErrorCode.group_authorization_failed)
-    groups = in_request_order(permitted, described, lambda i: _failed(group_ids[i], denied))
+    groups = await describe_permitted(
+        ctx,
+        [str(g) for g in request.group_ids],
+        ConsumerGroupDescribe,
+        ConsumerGroupsDescribed,
+        lambda reply: reply.groups,
+        _failed,
+    )
     names = {t.topic_id: t.name for t in ctx.broker.view.snapshot.topics.values()}
     group_class = element(schema(ctx, API_KEY), "groups")
     member_class = element(group_class, "members")

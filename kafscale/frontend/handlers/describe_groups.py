@@ -1,5 +1,6 @@
-"""DescribeGroups (key 15), v0-v5: state, protocol and members (with their subscriptions and
-assignments while the group is stable). An unknown group is described as Dead, as Kafka does.
+"""DescribeGroups (key 15), v0-v6: state, protocol and members (with their subscriptions and
+assignments while the group is stable). An unknown group, or a consumer (KIP-848) one, is Dead:
+with GROUP_ID_NOT_FOUND from v6 (KIP-1043), without an error before, as Kafka does.
 
 With ACLs on, a group the principal may not DESCRIBE is GROUP_AUTHORIZATION_FAILED and not asked
 for; authorized operations (v3+, when asked for) are the principal's on the group (KIP-430).
@@ -11,15 +12,9 @@ from typing import Any
 
 from kafscale.frontend import authz
 from kafscale.frontend.context import RequestContext
-from kafscale.frontend.handlers._groups import (
-    ask,
-    group_allowed,
-    in_request_order,
-    respond,
-    schema,
-)
+from kafscale.frontend.handlers._groups import describe_permitted, respond, schema
 from kafscale.ipc import messages
-from kafscale.protocol.acls import NOT_REQUESTED, AclOperation
+from kafscale.protocol.acls import NOT_REQUESTED
 from kafscale.protocol.codec import build, element
 from kafscale.protocol.errors import ErrorCode
 from kafscale.security.authorizer import ResourceType
@@ -34,19 +29,14 @@ def _failed(group_id: str, error: int) -> messages.GroupDescription:
 
 
 async def handle(ctx: RequestContext, request: Any) -> Any:
-    group_ids = list(request.groups)
-    permitted = [group_allowed(ctx, AclOperation.DESCRIBE, g) for g in group_ids]
-    asked = [g for g, ok in zip(group_ids, permitted, strict=True) if ok]
-    described: list[messages.GroupDescription] = []
-    if asked or all(permitted):
-        reply = await ask(ctx, messages.DescribeGroups(asked), messages.GroupsDescribed)
-        described = (
-            [_failed(g, int(reply)) for g in asked]
-            if isinstance(reply, ErrorCode)
-            else reply.groups
-        )
-    denied = int(ErrorCode.group_authorization_failed)
-    groups = in_request_order(permitted, described, lambda i: _failed(group_ids[i], denied))
+    groups = await describe_permitted(
+        ctx,
+        list(request.groups),
+        messages.DescribeGroups,
+        messages.GroupsDescribed,
+        lambda reply: reply.groups,
+        _failed,
+    )
     if ctx.version < NOT_FOUND_VERSION:
         found = int(ErrorCode.group_id_not_found)
         dead = [messages.GroupDescription(g.group_id, 0, g.state, "", "", []) for g in groups]
