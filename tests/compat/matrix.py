@@ -52,6 +52,10 @@ NOT_APPLICABLE = {
     ("spark", "group"): "Spark's Kafka source assigns partitions itself; it commits nothing",
     ("spark", "kip848"): "Spark's Kafka source assigns partitions itself",
     ("java-3.9", "kip848"): "the consumer protocol is in kafka-clients 4.0 and later",
+    ("kcat", "kip848"): "Debian 12's kcat 1.7.1 runs on Debian's librdkafka 2.0.2, which has no "
+    "group.protocol (librdkafka 2.4.0 added the consumer protocol as early access, 2.12.0 made "
+    "it generally available): kcat refuses -X group.protocol=consumer "
+    "(tests/compat/test_kcat.py checks this still holds)",
     ("aiokafka", "kip848"): "aiokafka has only the classic group protocol",
     ("kafka-python", "kip848"): "kafka-python has only the classic group protocol",
     ("kafkajs", "kip848"): "kafkajs has only the classic group protocol",

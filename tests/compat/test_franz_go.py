@@ -2,7 +2,9 @@
 (issue 7): what franz-go produces with each codec, confluent-kafka (librdkafka) reads back
 identical; what confluent-kafka produces, franz-go reads back identical from earliest, from
 latest (only records produced once its positions were fixed) and from a timestamp (the first
-offset at or after it).
+offset at or after it). franz-go's KIP-848 consumer group (kgo.ServerSideBalancer, the driver's
+`--config group.protocol=consumer`): members split a topic, a killed member's partitions move
+after the group's session timeout, a member that leaves hands its partitions to the last one.
 
 The records and comparisons are the cross-client round trip's (tests/integration/
 test_roundtrip.py): null, empty and binary keys, several headers (duplicate names, empty and
@@ -12,15 +14,26 @@ is tests/compat/go (run tests/compat/go/install.sh first); the tests fail, not s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 from tests.compat.common import create_topic
 from tests.harness.broker import BrokerProcess
 from tests.harness.franz_go import FranzGo
+from tests.harness.groups import GroupConsumers, all_records, wait_for_assignment
 from tests.harness.procs import HarnessError
 from tests.harness.roundtrip import CODECS, Ack, Client, ConfluentKafka, Consumed, Record
+from tests.integration import test_groups as groups
+from tests.integration.test_consumer_groups import (
+    FAILOVER_S,
+    FAST_CONSUMER_GROUPS,
+    consumer_protocol,
+    describe,
+)
+from tests.integration.test_group_clients import committed_offsets, end_offsets, values
 from tests.integration.test_roundtrip import (
     PARTITIONS,
     READ_TIMEOUT,
@@ -144,3 +157,61 @@ def test_franz_go_from_timestamp_starts_at_first_record_at_or_after_it(
         kafscale.bootstrap, [topic], PARTITIONS, timestamp, len(want), READ_TIMEOUT
     )
     assert_same(got, want, f"franz-go reading from timestamp {timestamp}")
+
+
+@pytest.mark.compat("kip848", "franz-go")
+@pytest.mark.parametrize("assignor", ["uniform", "range"])
+def test_franz_go_consumer_group_members_split_and_take_over_partitions(
+    start_broker: Callable[..., Any],
+    franz_go: FranzGo,
+    group_consumers: GroupConsumers,
+    assignor: str,
+) -> None:
+    broker = start_broker(env=FAST_CONSUMER_GROUPS)
+    broker.wait_ready()
+    topic, group, partitions = "franz848", f"franz848-{assignor}", 6
+    produced = values("before", 300)
+    asyncio.run(groups.create_topic(broker.bootstrap, topic, partitions))
+    asyncio.run(groups.produce(broker.bootstrap, topic, produced, partitions))
+    members = [
+        group_consumers.start(
+            "franz-go",
+            broker.bootstrap,
+            [topic],
+            group,
+            timeout=180,
+            configs=consumer_protocol(assignor),
+        )
+        for _ in range(3)
+    ]
+    everything = {(topic, p) for p in range(partitions)}
+    shares = wait_for_assignment(members, everything, timeout=FAILOVER_S)
+    assert all(len(share) == 2 for share in shares), shares
+    # kgo falls back to the classic protocol by itself: the group's type says which one it is
+    described = describe(broker.bootstrap, group)
+    assert str(described.type).endswith("CONSUMER"), described
+    assert described.partition_assignor == assignor
+    assert len(described.members) == 3
+
+    def seen() -> set[bytes]:
+        return {(r.value or "").encode() for r in all_records(members)}
+
+    members[0].wait_for(lambda _: set(produced) <= seen() or None, 60, "every record read")
+    members[2].kill()  # no leave: its partitions wait out the group's session timeout
+    survivors = members[:2]
+    wait_for_assignment(survivors, everything, timeout=FAILOVER_S)
+    after = values("after", 300)
+    asyncio.run(groups.produce(broker.bootstrap, topic, after, partitions))
+    produced += after
+    survivors[0].wait_for(lambda _: set(produced) <= seen() or None, 60, "every record read")
+    assert survivors[0].terminate() == 0, survivors[0].report()  # leaves with epoch -1
+    wait_for_assignment(survivors[1:], everything, timeout=FAILOVER_S)
+    assert survivors[1].terminate() == 0, survivors[1].report()
+    assert set(produced) <= seen()  # at least once: nothing lost
+    assert not [e for m in members for e in m.of_kind("commit-failed")], [
+        m.report() for m in members
+    ]
+    assert committed_offsets(broker.bootstrap, group, topic, partitions) == end_offsets(
+        broker.bootstrap, topic, partitions
+    )
+    assert str(describe(broker.bootstrap, group).state).endswith("EMPTY")

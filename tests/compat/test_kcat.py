@@ -1,9 +1,12 @@
 """kcat has no admin API: it creates a topic by producing to it (the broker's auto-creation, on by
-default, as in Kafka) and describes topics with `-L` (issue 7, the compatibility matrix)."""
+default, as in Kafka) and describes topics with `-L` (issue 7, the compatibility matrix). Its
+balanced consumer (`-G`) is a group member of tests/integration/test_group_clients.py; with
+the KIP-848 protocol it cannot be one yet (tests/compat/matrix.py's NOT_APPLICABLE says why)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -42,3 +45,21 @@ def test_kcat_creates_a_topic_by_producing_to_it(kafscale: BrokerProcess, kcat: 
         check=True,
     )
     assert consumed.stdout.decode().split() == ["one", "two", "three"]
+
+
+def test_debian_kcat_has_no_consumer_group_protocol_yet(kcat: str) -> None:
+    """The reason the matrix gives for kcat's empty KIP-848 cell. When this fails, kcat's
+    librdkafka has group.protocol: drop the NOT_APPLICABLE entry and test `kcat -G` with
+    `-X group.protocol=consumer` (tests.harness.kcat_group passes --config on as -X)."""
+    version = subprocess.run([kcat, "-V"], capture_output=True, text=True, timeout=30, check=True)
+    found = re.search(r"librdkafka (\d+)\.(\d+)\.(\d+)", version.stdout)
+    assert found is not None, version.stdout
+    assert tuple(map(int, found.groups())) < (2, 4, 0), version.stdout
+    refused = subprocess.run(
+        [kcat, "-b", "127.0.0.1:1", "-G", "g", "-X", "group.protocol=consumer", "t"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert 'No such configuration property: "group.protocol"' in refused.stderr, refused

@@ -8,7 +8,8 @@ package main
 //	    [--timeout-ms T] [--assignor range|roundrobin|sticky|cooperative-sticky]
 //	    [--instance-id ID] [--commit after-processing|auto|none]
 //	    [--auto-offset-reset earliest|latest] [--exit-after-assigned-ms X] [--poll-ms P]
-//	    [--config session.timeout.ms=6000 ...]
+//	    [--config session.timeout.ms=6000 ...] [--config group.protocol=consumer
+//	    --config group.remote.assignor=uniform|range]
 //
 // prints started, assigned / revoked / lost, record, committed / commit-failed, warning and done
 // ({"consumed", "reason", "everAssigned"}). SIGTERM (or SIGINT) commits what was processed,
@@ -218,14 +219,30 @@ func balancer(name string) (kgo.GroupBalancer, error) {
 	return nil, fmt.Errorf("franz-go has no %q assignor", name)
 }
 
-// groupConfigs turns the Java property names the tests pass into kgo options.
-func groupConfigs(configs []string) ([]kgo.Opt, int, error) {
+// groupConfigs turns the Java property names the tests pass into kgo options. As in Java,
+// group.protocol=consumer (KIP-848) takes group.remote.assignor (uniform or range: kgo sends the
+// name of its balancer, StickyBalancer's "uniform" or RangeBalancer's "range") instead of an
+// --assignor; kgo falls back to the classic protocol on a broker without ConsumerGroupHeartbeat
+// v1, so a test checks the group's type.
+func groupConfigs(configs []string, assignor string) ([]kgo.Opt, int, error) {
 	var opts []kgo.Opt
 	maxPoll := 500
+	protocol, remoteAssignor := "classic", ""
 	for _, pair := range configs {
 		key, value, ok := strings.Cut(pair, "=")
+		if !ok {
+			return nil, 0, fmt.Errorf("--config %q: want key=value", pair)
+		}
+		switch key {
+		case "group.protocol":
+			protocol = value
+			continue
+		case "group.remote.assignor":
+			remoteAssignor = value
+			continue
+		}
 		number, err := strconv.Atoi(value)
-		if !ok || err != nil {
+		if err != nil {
 			return nil, 0, fmt.Errorf("--config %q: want a known property = a number", pair)
 		}
 		millis := time.Duration(number) * time.Millisecond
@@ -240,6 +257,32 @@ func groupConfigs(configs []string) ([]kgo.Opt, int, error) {
 			maxPoll = number
 		default:
 			return nil, 0, fmt.Errorf("--config %q: franz-go driver does not know %s", pair, key)
+		}
+	}
+	switch {
+	case protocol == "classic" && remoteAssignor == "":
+		if assignor != "" {
+			chosen, err := balancer(assignor)
+			if err != nil {
+				return nil, 0, err
+			}
+			opts = append(opts, kgo.Balancers(chosen))
+		}
+	case protocol == "classic":
+		return nil, 0, fmt.Errorf("group.remote.assignor needs group.protocol=consumer")
+	case protocol != "consumer":
+		return nil, 0, fmt.Errorf("group.protocol must be classic or consumer, not %q", protocol)
+	case assignor != "":
+		return nil, 0, fmt.Errorf("--assignor is for group.protocol=classic: use group.remote.assignor")
+	default:
+		opts = append(opts, kgo.ServerSideBalancer())
+		switch remoteAssignor {
+		case "", "uniform":
+			opts = append(opts, kgo.Balancers(kgo.StickyBalancer()))
+		case "range":
+			opts = append(opts, kgo.Balancers(kgo.RangeBalancer()))
+		default:
+			return nil, 0, fmt.Errorf("group.remote.assignor must be uniform or range, not %q", remoteAssignor)
 		}
 	}
 	return opts, maxPoll, nil
@@ -262,7 +305,7 @@ func groupConsume(args []string) error {
 	flags.Var(&configs, "config", "a client property, key=value (repeatable)")
 	flags.Parse(args)
 
-	extra, maxPoll, err := groupConfigs(configs)
+	extra, maxPoll, err := groupConfigs(configs, *assignor)
 	if err != nil {
 		return err
 	}
@@ -296,13 +339,6 @@ func groupConsume(args []string) error {
 	}
 	if *commit != "auto" {
 		opts = append(opts, kgo.DisableAutoCommit())
-	}
-	if *assignor != "" {
-		chosen, err := balancer(*assignor)
-		if err != nil {
-			return err
-		}
-		opts = append(opts, kgo.Balancers(chosen))
 	}
 	if *instanceID != "" {
 		opts = append(opts, kgo.InstanceID(*instanceID))
