@@ -212,7 +212,7 @@ def render_suite(result: SuiteResult) -> list[str]:
         lines.append("")
     titles = {
         "failed": "Failed (cause and plan)",
-        "excluded": "Excluded by our skip list (features KafScale does not offer)",
+        "excluded": "Excluded by our skip list (why each cannot run here)",
         "skipped": "Skipped by the suite itself",
     }
     for outcome, title in titles.items():
