@@ -26,7 +26,6 @@ commits (and, for partitions it has not committed since it started, from the met
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -47,6 +46,8 @@ from kafscale.metadata.group_partition import group_partition
 from kafscale.metadata.records import Keys, LeaderRecord, TopicRecord
 from kafscale.metadata.store import MetadataStore, MetadataStoreError
 from kafscale.metadata.topic_names import OFFSETS_TOPIC
+from kafscale.protocol import consumer_protocol
+from kafscale.protocol.consumer_protocol import UndecodableProtocol, decode_subscription
 from kafscale.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ M = TypeVar("M", bound=messages.Message)
 
 TICK_MS = 100
 LAG_MS = 5_000
-CONSUMER = "consumer"
 
 
 def now_ms() -> int:
@@ -352,20 +352,14 @@ def _as(incoming: Incoming, kind: type[M]) -> M:
 
 
 def subscribed_topics(group: Group) -> set[str]:
-    """The topics a consumer group's members subscribe to (ConsumerProtocolSubscription, any
-    version: int16 version, then an array of int16-length strings)."""
+    """The topics a classic consumer group's members subscribe to (their
+    ConsumerProtocolSubscription for the group's protocol)."""
     topics: set[str] = set()
-    if group.protocol_type != CONSUMER or group.protocol is None:
+    if group.protocol_type != consumer_protocol.PROTOCOL_TYPE or group.protocol is None:
         return topics
     for member in group.members.values():
-        data = dict(member.protocols).get(group.protocol, b"")
         try:
-            (count,) = struct.unpack_from(">i", data, 2)
-            at = 6
-            for _ in range(count):
-                (size,) = struct.unpack_from(">h", data, at)
-                topics.add(data[at + 2 : at + 2 + size].decode())
-                at += 2 + size
-        except (struct.error, UnicodeDecodeError):
+            topics.update(decode_subscription(member.metadata(group.protocol)).topics)
+        except (UndecodableProtocol, StopIteration):
             log.warning("undecodable subscription", extra={"member": member.member_id})
     return topics

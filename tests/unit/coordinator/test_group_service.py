@@ -228,3 +228,26 @@ def test_a_fenced_assignment_does_not_complete_the_rebalance(store: SqliteMetada
     assert rig.ask(sync) == messages.SyncGroupResult(NOT_COORDINATOR)
     assert store.get(KEYS.group(G)) == before  # the assignment was never stored
     assert rig.heartbeat(G, joined.member_id, joined.generation_id) == NOT_COORDINATOR
+
+
+def test_offsets_of_topics_an_active_classic_group_subscribes_to_cannot_be_deleted(
+    store: SqliteMetadataStore,
+) -> None:
+    """OffsetDelete reads the members' ConsumerProtocolSubscription (here as aiokafka writes
+    it): their topics are GROUP_SUBSCRIBED_TO_TOPIC, any other topic's offsets go."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+    subscription = ConsumerProtocolMemberMetadata(0, ["orders"], b"").encode()
+    member = MemberRecord(
+        "m1", None, "client", "/10.0.0.9", 10_000, 30_000, [("range", subscription)], b""
+    )
+    store.put(KEYS.group(G), records.encode(GroupRecord(G, "consumer", "range", 3, "m1", [member])))
+    for topic in ("orders", "t"):
+        store.put(KEYS.offset(G, topic, 0), records.encode(OffsetRecord(5)))
+    rig = Rig(store)
+    rig.leaders.claim(OFFSETS_TOPIC, [1])
+    answer = rig.ask(messages.OffsetDelete(G, [("orders", 0), ("t", 0)]))
+    assert answer == messages.OffsetsDeleted(
+        NONE, [("orders", 0, int(ErrorCode.group_subscribed_to_topic)), ("t", 0, NONE)]
+    )
+    assert rig.fetch(G) == (NONE, {("orders", 0): 5})
