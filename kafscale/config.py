@@ -136,6 +136,7 @@ class Config:
     group_consumer_session_timeout_ms: int
     group_consumer_heartbeat_interval_ms: int
     group_consumer_max_size: int
+    group_consumer_migration_policy: str
     fetch_unflushed: bool
     buffer_bytes: int
     s3_latency_threshold_ms: int

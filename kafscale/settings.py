@@ -750,6 +750,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Most members one consumer (KIP-848) group may have (GROUP_MAX_SIZE_REACHED beyond)",
     ),
     Setting(
+        "group_consumer_migration_policy",
+        "bidirectional",
+        _one_of("bidirectional", "upgrade", "downgrade", "disabled"),
+        "Whether a live classic group becomes a consumer (KIP-848) group when a member of the "
+        "consumer protocol joins it: bidirectional or upgrade allow it (classic members then "
+        "live on in the consumer group), downgrade or disabled refuse it",
+    ),
+    Setting(
         "fetch_unflushed",
         "false",
         parse_bool,

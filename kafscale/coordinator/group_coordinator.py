@@ -129,10 +129,13 @@ class GroupCoordinator:
     # -- requests ------------------------------------------------------------------------------
 
     def join(self, token: Token, request: messages.JoinGroup, now: int) -> None:
+        """A consumer group with members takes classic members in (KIP-848's online
+        migration); an empty one makes way for a classic group."""
         refused = self.machine.join_error(request)
         if refused is None and self.consumer.is_active(request.group_id):
-            refused = ErrorCode.inconsistent_group_protocol
-        if refused is None:  # an empty consumer group of this id makes way
+            self.send(token, self.consumer.classic_join(request, now))
+            return
+        if refused is None:
             refused = self.consumer.drop_empty(request.group_id)
         if refused is not None:
             self.run(join_failure(token, request, refused))
@@ -140,13 +143,32 @@ class GroupCoordinator:
             self.run(self.machine.join(token, request, now))
 
     def sync(self, token: Token, request: messages.SyncGroup, now: int) -> None:
-        self.run(self.machine.sync(token, request, now))
+        if self._consumers(request.group_id):
+            self.send(token, self.consumer.classic_sync(request, now))
+        else:
+            self.run(self.machine.sync(token, request, now))
 
     def heartbeat(self, request: messages.Heartbeat, now: int) -> messages.GroupError:
+        if self._consumers(request.group_id):
+            return self.consumer.classic_heartbeat(request, now)
         return self._answer(self.machine.heartbeat(_Answer(), request, now), messages.GroupError)
 
     def leave(self, request: messages.LeaveGroup, now: int) -> messages.LeaveGroupResult:
+        if self._consumers(request.group_id):
+            return self.consumer.classic_leave(request)
         return self._answer(self.machine.leave(_Answer(), request, now), messages.LeaveGroupResult)
+
+    def _consumers(self, group_id: str) -> bool:
+        """Whether a consumer group of this id serves the classic requests (its classic
+        members: online migration)."""
+        return group_id in self.consumer.groups and self.machine.coordinates(group_id)
+
+    def release_upgraded(self) -> None:
+        """Classic groups the consumer groups took over with their members (an online upgrade):
+        the classic side keeps only their offsets."""
+        upgraded, self.consumer.upgraded = self.consumer.upgraded, []
+        for group_id in upgraded:
+            self.run(self.machine.release(group_id))
 
     def commit(self, request: messages.OffsetCommit, now: int) -> messages.OffsetCommitResult:
         return self._answer(

@@ -65,6 +65,20 @@ class Membership:
                     out += dismiss(member, ErrorCode.not_coordinator)
         return out
 
+    def release(self, group_id: str) -> Instructions:
+        """The group became a consumer group with its members (an online upgrade, stored by
+        the consumer side): only its offsets stay here; a waiting JoinGroup or SyncGroup is
+        answered REBALANCE_IN_PROGRESS (the member joins again, now into the consumer group)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return []
+        out: Instructions = []
+        for member in group.members.values():
+            out += dismiss(member, ErrorCode.rebalance_in_progress)
+        released = Group(group_id, generation=group.generation, offsets=group.offsets)
+        self.groups[group_id] = released
+        return out
+
     # -- rebalancing ---------------------------------------------------------------------------
 
     def _prepare_rebalance(self, group: Group, now: int, reason: str) -> Instructions:

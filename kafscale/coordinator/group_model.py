@@ -49,6 +49,7 @@ class ConsumerGroupStore(Protocol):
         members: Sequence[ConsumerMemberRecord],
         removed: Iterable[str],
         group: ConsumerGroupRecord | None,
+        classic: GroupRecord | None = None,
     ) -> None: ...
 
     def delete_consumer(self, group_id: str) -> None: ...

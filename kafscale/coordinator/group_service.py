@@ -174,8 +174,9 @@ class GroupService:
     ) -> consumer_groups.ConsumerGroupHeartbeatResult:
         request = _as(incoming, consumer_groups.ConsumerGroupHeartbeat)
         classic = self.groups.groups.get(request.group_id)
-        busy = classic is not None and (bool(classic.members) or bool(classic.pending))
-        result = self.consumer.heartbeat(request, busy, now_ms())
+        live = classic if classic is not None and classic.members else None
+        result = self.consumer.heartbeat(request, live, now_ms())
+        self.groups.release_upgraded()
         metrics.CONSUMER_GROUP_HEARTBEATS.labels(_error_name(result.error_code)).inc()
         return result
 

@@ -78,14 +78,19 @@ class MetadataGroupStore:
         members: Sequence[ConsumerMemberRecord],
         removed: Iterable[str],
         group: ConsumerGroupRecord | None,
+        classic: GroupRecord | None = None,
     ) -> None:
         """A consumer group's step: members put and removed, then its group record (last: a
-        write split in chunks is complete once the group record is in)."""
+        write split in chunks is complete once the group record is in). ``classic``: the classic
+        group of the same id as it is after an upgrade (no members), just before the group
+        record."""
         keys = self.consumer_keys
         operations: list[Operation] = [Delete(keys.member(group_id, m)) for m in sorted(removed)]
         operations += [
             Put(keys.member(group_id, m.member_id), group_records.encode(m)) for m in members
         ]
+        if classic is not None:
+            operations.append(Put(self.keys.group(group_id), records.encode(classic)))
         if group is not None:
             operations.append(Put(keys.group(group_id), group_records.encode(group)))
         self._apply(group_id, operations)

@@ -117,6 +117,7 @@ def run(ctx: ChildContext) -> None:
                 session_timeout_ms=config.group_consumer_session_timeout_ms,
                 heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
                 max_size=config.group_consumer_max_size,
+                migration_policy=config.group_consumer_migration_policy,
             ),
             topics=lambda: owners.view.snapshot.topics,
             group_configs=lambda: owners.view.snapshot.group_configs,

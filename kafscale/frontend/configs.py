@@ -82,6 +82,7 @@ KAFKA_NAMES: dict[str, tuple[str, ConfigType]] = {
         ConfigType.INT,
     ),
     "group_consumer_max_size": ("group.consumer.max.size", ConfigType.INT),
+    "group_consumer_migration_policy": ("group.consumer.migration.policy", ConfigType.STRING),
     "ssl_client_auth": ("ssl.client.auth", ConfigType.STRING),
     "ssl_key_password": ("ssl.key.password", ConfigType.PASSWORD),
     "sasl_enabled_mechanisms": ("sasl.enabled.mechanisms", ConfigType.LIST),

@@ -63,6 +63,7 @@ class ConsumerMemberDescription(msgspec.Struct, frozen=True):
     subscribed_topic_regex: str | None
     assignment: list[TopicIdPartitions]
     target_assignment: list[TopicIdPartitions]
+    classic: bool = False  # a classic-protocol member (online migration)
 
 
 class ConsumerGroupDescription(msgspec.Struct, frozen=True):

@@ -50,6 +50,10 @@ class ConsumerMemberRecord(msgspec.Struct, frozen=True):
     pending_revocation: StoredPartitions
     target: StoredPartitions
     target_epoch: int
+    # A member of the classic protocol inside the consumer group (KIP-848's online migration):
+    # its JoinGroup's session timeout and protocols (name, metadata); None for the others.
+    classic_session_timeout_ms: int | None = None
+    classic_protocols: list[tuple[str, bytes]] | None = None
 
 
 class ConsumerGroupKeys:

@@ -202,19 +202,90 @@ def test_a_consumer_group_takes_over_an_empty_classic_groups_id_and_offsets(
     listed = admin.list_consumer_groups().result(30)
     types = {g.group_id: str(g.type) for g in listed.valid}
     assert types[group].endswith("CONSUMER"), types
-    # a classic member cannot join while consumer-protocol members are in the group
-    started = time.monotonic()
+    # a classic member joins the consumer group beside a consumer-protocol member (KIP-848's
+    # online migration): they split the topic's two partitions
     holder = group_consumers.start(
         "confluent-kafka",
         broker.bootstrap,
         [topic],
         group,
-        timeout=60,
+        timeout=90,
         configs=consumer_protocol("uniform"),
     )
     holder.wait_for(lambda c: c.assignment or None, 60, "an assignment")
-    refused = group_consumers.start("confluent-kafka", broker.bootstrap, [topic], group, timeout=20)
-    refused.wait()
-    assert "INCONSISTENT_GROUP_PROTOCOL" in refused.report(events=100), refused.report()
-    assert not refused.ever_assigned
-    assert time.monotonic() - started < 120
+    classic_member = group_consumers.start(
+        "confluent-kafka", broker.bootstrap, [topic], group, timeout=90
+    )
+    both = [holder, classic_member]
+    wait_for_assignment(both, {(topic, 0), (topic, 1)}, timeout=FAILOVER_S)
+    assert str(describe(broker.bootstrap, group).type).endswith("CONSUMER")
+
+
+@pytest.mark.compat("kip848", "java-4")
+@pytest.mark.java
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_a_live_classic_group_is_upgraded_by_its_first_consumer_protocol_member(
+    start_broker: Callable[..., Any], group_consumers: Any, assignor: str
+) -> None:
+    """KIP-848's online migration, as a rolling upgrade does it: two Java 4 members of a stable
+    classic group (eager range, or cooperative-sticky) keep consuming while a third joins with
+    group.protocol=consumer: the group becomes a consumer group, the classic members rejoin to
+    give up their share, all three split the partitions, a classic member's crash moves its
+    share, and every record is read and committed."""
+    broker = start_broker(env=FAST_CONSUMER_GROUPS, backends="real")
+    broker.wait_ready()
+    topic, group = "migrate848", f"migrate-{assignor}"
+    produced = values("before", 300)
+    asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS))
+    asyncio.run(produce(broker.bootstrap, topic, produced, PARTITIONS))
+    classic_configs = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    classic = [
+        group_consumers.start(
+            "java-4",
+            broker.bootstrap,
+            [topic],
+            group,
+            timeout=180,
+            assignor=assignor,
+            configs=classic_configs,
+        )
+        for _ in range(2)
+    ]
+    everything = {(topic, p) for p in range(PARTITIONS)}
+    wait_for_assignment(classic, everything, timeout=FAILOVER_S)
+    modern = group_consumers.start(
+        "java-4",
+        broker.bootstrap,
+        [topic],
+        group,
+        timeout=180,
+        configs=consumer_protocol("uniform"),
+    )
+    members = [*classic, modern]
+    shares = wait_for_assignment(members, everything, timeout=FAILOVER_S)
+    assert all(len(share) == 2 for share in shares), shares
+    described = describe(broker.bootstrap, group)
+    assert str(described.type).endswith("CONSUMER"), described
+    assert len(described.members) == 3
+
+    def seen() -> set[bytes]:
+        return {(r.value or "").encode() for r in all_records(members)}
+
+    after = values("after", 300)
+    asyncio.run(produce(broker.bootstrap, topic, after, PARTITIONS))
+    produced += after
+    modern.wait_for(lambda _: set(produced) <= seen() or None, 60, "every record read")
+    classic[0].kill()  # a classic member's session ends: its share moves to the others
+    survivors = [classic[1], modern]
+    wait_for_assignment(survivors, everything, timeout=FAILOVER_S)
+    last = values("last", 300)
+    asyncio.run(produce(broker.bootstrap, topic, last, PARTITIONS))
+    produced += last
+    modern.wait_for(lambda _: set(produced) <= seen() or None, 60, "every record read")
+    assert classic[1].terminate() == 0, classic[1].report()  # LeaveGroup from inside
+    wait_for_assignment([modern], everything, timeout=FAILOVER_S)
+    assert modern.terminate() == 0, modern.report()
+    assert set(produced) <= seen()
+    assert committed_offsets(broker.bootstrap, group, topic, PARTITIONS) == end_offsets(
+        broker.bootstrap, topic, PARTITIONS
+    )

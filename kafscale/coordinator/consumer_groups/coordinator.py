@@ -2,12 +2,12 @@
 each step stored before it is kept or answered. Which groups are ours, loading and forgetting them
 is the group service's, as for classic groups (``coordinator.group_service``).
 
-A group id is one type at a time. A consumer group takes over a classic group id only while the
-classic group has no members (its committed offsets carry over); a classic JoinGroup takes over
-an empty consumer group. Classic members inside a consumer group (Kafka's online migration) are
-not served: a JoinGroup to a consumer group with members is INCONSISTENT_GROUP_PROTOCOL, and a
-heartbeat joining a classic group with members is GROUP_ID_NOT_FOUND, as Kafka answers when its
-``group.consumer.migration.policy`` forbids the conversion.
+A group id is one type at a time. A consumer group takes over a classic group id with no members
+(its committed offsets carry over); a classic JoinGroup takes over an empty consumer group. A
+live classic group is upgraded by its first consumer-protocol member when the migration policy
+allows (``migration.upgrade``, stored with the classic record emptied in the same write; the
+classic side then drops its members: ``upgraded``), and classic members live on inside consumer
+groups (``classic_join``, ``classic_sync``, ``classic_heartbeat``, ``classic_leave``).
 
 Offsets of consumer groups are kept with every group's (``group_offsets``); what differs is who
 may commit and fetch them (``commit_error``, ``fetch_error``, Kafka's ``ConsumerGroup``
@@ -20,7 +20,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from kafscale.coordinator.consumer_groups import machine
+from kafscale.coordinator.consumer_groups import machine, migration
 from kafscale.coordinator.consumer_groups.machine import Step
 from kafscale.coordinator.consumer_groups.model import (
     ConsumerGroup,
@@ -29,7 +29,12 @@ from kafscale.coordinator.consumer_groups.model import (
     Partitions,
 )
 from kafscale.coordinator.consumer_groups.target import Topics, preferred_assignor, subscribed_ids
-from kafscale.coordinator.group_model import ConsumerGroupStore, NotCoordinator, store_error
+from kafscale.coordinator.group_model import (
+    ConsumerGroupStore,
+    Group,
+    NotCoordinator,
+    store_error,
+)
 from kafscale.ipc import messages
 from kafscale.ipc.consumer_groups import (
     ConsumerGroupDescription,
@@ -39,6 +44,7 @@ from kafscale.ipc.consumer_groups import (
     TopicIdPartitions,
 )
 from kafscale.metadata.group_records import ConsumerGroupRecord, ConsumerMemberRecord
+from kafscale.metadata.records import GroupRecord
 from kafscale.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,7 @@ class ConsumerGroups:
         self.groups: dict[str, ConsumerGroup] = {}
         self.rebalances = 0  # group epoch bumps, for metrics
         self.fenced: list[str] = []  # why members were removed, for metrics
+        self.upgraded: list[str] = []  # classic groups upgraded, for the classic side to drop
 
     def load(
         self, stored: dict[str, tuple[ConsumerGroupRecord, list[ConsumerMemberRecord]]], now: int
@@ -101,44 +108,96 @@ class ConsumerGroups:
     # -- ConsumerGroupHeartbeat ------------------------------------------------------------------
 
     def heartbeat(
-        self, request: ConsumerGroupHeartbeat, classic_busy: bool, now: int
+        self, request: ConsumerGroupHeartbeat, classic: Group | None, now: int
     ) -> ConsumerGroupHeartbeatResult:
-        """``classic_busy``: a classic group of that id has members."""
+        """``classic``: the classic group of that id, if it has members: the first member's
+        heartbeat upgrades it (``migration.upgrade``), if the policy allows."""
         if not self.coordinates(request.group_id):
             return ConsumerGroupHeartbeatResult(
                 int(ErrorCode.not_coordinator), None, request.member_id or None
             )
         group = self.groups.get(request.group_id)
-        if group is None and classic_busy:
-            message = (
-                f"Cannot upgrade classic group {request.group_id} to consumer group because "
-                "online upgrade is not supported."
-                if request.member_epoch == 0
-                else f"Group {request.group_id} is not a consumer group."
-            )
-            return ConsumerGroupHeartbeatResult(
-                int(ErrorCode.group_id_not_found), message, request.member_id or None
-            )
         settings = self.settings_of(request.group_id)
-        step = machine.heartbeat(group, request, settings, self.topics(), now)
-        error = self._keep(request.group_id, step)
+        topics = self.topics()
+        upgraded: Group | None = None
+        if group is None and classic is not None:
+            if request.member_epoch != 0:
+                message = f"Group {request.group_id} is not a consumer group."
+                return ConsumerGroupHeartbeatResult(
+                    int(ErrorCode.group_id_not_found), message, request.member_id or None
+                )
+            try:
+                group = migration.upgrade(classic, settings.migration_policy, settings, topics, now)
+            except machine.HeartbeatError as exc:
+                return ConsumerGroupHeartbeatResult(
+                    int(exc.code), exc.message, request.member_id or None
+                )
+            upgraded = classic
+        step = machine.heartbeat(group, request, settings, topics, now)
+        if upgraded is not None and step.group is not None:  # everything of it is new
+            step.changed |= set(step.group.members) - step.removed
+            step.group_changed = True
+        error = self._keep(request.group_id, step, upgraded)
         if error is not None:
             return ConsumerGroupHeartbeatResult(int(error), None, request.member_id or None)
+        if upgraded is not None:
+            self.upgraded.append(request.group_id)
+            log.info(
+                "classic group upgraded to a consumer group",
+                extra={"group": request.group_id, "members": len(upgraded.members)},
+            )
         assert step.reply is not None
         return step.reply
 
-    def _keep(self, group_id: str, step: Step) -> ErrorCode | None:
-        """Store the step, then keep its group; the error to answer if the store refused."""
+    # -- classic members (online migration) ------------------------------------------------------
+
+    def classic_join(self, request: messages.JoinGroup, now: int) -> messages.JoinGroupResult:
+        group = self.groups[request.group_id]
+        settings = self.settings_of(request.group_id)
+        step, reply = migration.join(group, request, settings, self.topics(), now)
+        error = self._keep(request.group_id, step)
+        if error is not None:
+            return messages.JoinGroupResult(int(error), member_id=request.member_id)
+        return reply
+
+    def classic_sync(self, request: messages.SyncGroup, now: int) -> messages.SyncGroupResult:
+        step, reply = migration.sync(self.groups[request.group_id], request, self.topics(), now)
+        self._keep(request.group_id, step)  # a session refreshed: nothing to write
+        return reply
+
+    def classic_heartbeat(self, request: messages.Heartbeat, now: int) -> messages.GroupError:
+        step, reply = migration.heartbeat(self.groups[request.group_id], request, now)
+        self._keep(request.group_id, step)
+        return reply
+
+    def classic_leave(self, request: messages.LeaveGroup) -> messages.LeaveGroupResult:
+        step, reply = migration.leave(self.groups[request.group_id], request)
+        error = self._keep(request.group_id, step)
+        if error is not None:
+            code = int(error)
+            return messages.LeaveGroupResult(
+                code, [(m.member_id, m.group_instance_id, code) for m in request.members]
+            )
+        return reply
+
+    def _keep(self, group_id: str, step: Step, upgraded: Group | None = None) -> ErrorCode | None:
+        """Store the step, then keep its group; the error to answer if the store refused.
+        ``upgraded``: the classic group the step turns into this consumer group, stored
+        without its members in the same write."""
         group = step.group
         if group is None:
             return None
         if step.writes:
+            emptied = None
+            if upgraded is not None:
+                emptied = GroupRecord(group_id, "", None, upgraded.generation, None, [])
             try:
                 self.store.save_consumer(
                     group_id,
                     [group.members[m].record() for m in sorted(step.changed)],
                     step.removed,
                     group.record() if step.group_changed else None,
+                    emptied,
                 )
             except Exception as exc:
                 extra = {"group": group_id, "error": str(exc)}
@@ -221,6 +280,7 @@ class ConsumerGroups:
                     m.subscribed_topic_regex,
                     _wire(m.assigned),
                     _wire(m.target),
+                    m.classic is not None,
                 )
                 for m in sorted(group.members.values(), key=lambda m: m.member_id)
             ],
@@ -286,6 +346,10 @@ class ConsumerGroups:
         member = group.members.get(request.member_id)
         if member is None:
             return ErrorCode.unknown_member_id
+        if member.classic is not None:  # its generation is its member epoch, any version
+            if request.generation_id != member.member_epoch:
+                return ErrorCode.illegal_generation
+            return None
         if request.version < 9:
             return ErrorCode.unsupported_version
         if request.generation_id != member.member_epoch:

@@ -185,6 +185,7 @@ def _heartbeat(
             else member.rebalance_timeout_ms
         ),
         server_assignor=_given(request.server_assignor, member.server_assignor),
+        classic=None,  # it speaks the consumer protocol now
     )
     bump = old is None or (
         updated.subscribed_topic_names != member.subscribed_topic_names
@@ -204,11 +205,11 @@ def _heartbeat(
         g.epoch += 1
         g.target_stale = False
         step.group_changed = True
-    _maybe_assign(step, settings, topics, now)
+    maybe_assign(step, settings, topics, now)
     owned = _owned(request.topic_partitions)
     if epoch == JOIN_EPOCH:
         owned = {}
-    reconciled = _reconcile(g, g.members[member_id], topics, owned, now)
+    reconciled = reconcile_member(g, g.members[member_id], topics, owned, now)
     if reconciled != old:
         step.changed.add(member_id)
     g.sessions[member_id] = now + settings.session_timeout_ms
@@ -374,7 +375,7 @@ def tick(group: ConsumerGroup, settings: ConsumerSettings, topics: Topics, now: 
     for member_id in late:
         if member_id not in step.removed:
             remove(step, member_id, "rebalance timeout")
-    _maybe_assign(step, settings, topics, now)
+    maybe_assign(step, settings, topics, now)
     return step
 
 
@@ -389,11 +390,11 @@ def topics_changed(
     assert step.group is not None
     step.group.metadata_hash = metadata_hash
     step.group.epoch += 1
-    _maybe_assign(step, settings, topics, now)
+    maybe_assign(step, settings, topics, now)
     return step
 
 
-def _maybe_assign(step: Step, settings: ConsumerSettings, topics: Topics, now: int) -> None:
+def maybe_assign(step: Step, settings: ConsumerSettings, topics: Topics, now: int) -> None:
     assert step.group is not None
     changed = assign_if_due(step.group, settings, topics, now)
     if changed is not None:
@@ -401,7 +402,7 @@ def _maybe_assign(step: Step, settings: ConsumerSettings, topics: Topics, now: i
         step.group_changed = True
 
 
-def _reconcile(
+def reconcile_member(
     g: ConsumerGroup, member: ConsumerMember, topics: Topics, owned: Partitions | None, now: int
 ) -> ConsumerMember:
     subscribed = subscribed_ids(member, topics)

@@ -54,6 +54,20 @@ class ConsumerSettings:
     assignment_interval_ms: int = 0
     max_size: int = 2**31 - 1
     assignors: tuple[str, ...] = ("uniform", "range")
+    migration_policy: str = "bidirectional"  # group.consumer.migration.policy
+
+
+@dataclass(frozen=True)
+class ClassicProtocols:
+    """What a classic-protocol member of a consumer group (online migration) joined with: its
+    session timeout and its protocols (assignor name -> ConsumerProtocolSubscription bytes), in
+    its order of preference."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+    def first(self) -> str:
+        return self.protocols[0][0]
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,7 @@ class ConsumerMember:
     pending_revocation: Partitions = field(default_factory=dict)
     target: Partitions = field(default_factory=dict)
     target_epoch: int = 0
+    classic: ClassicProtocols | None = None  # a classic-protocol member (online migration)
 
     def held(self) -> set[TopicPartition]:
         """What it holds: assigned, and not yet revoked."""
@@ -102,7 +117,13 @@ class ConsumerMember:
             _stored(self.pending_revocation),
             _stored(self.target),
             self.target_epoch,
+            self.classic.session_timeout_ms if self.classic is not None else None,
+            list(self.classic.protocols) if self.classic is not None else None,
         )
+
+    def session_ms(self, consumer_session_ms: int) -> int:
+        """Its session timeout: its own JoinGroup's for a classic member."""
+        return self.classic.session_timeout_ms if self.classic is not None else consumer_session_ms
 
     @classmethod
     def restore(cls, record: ConsumerMemberRecord) -> ConsumerMember:
@@ -123,6 +144,12 @@ class ConsumerMember:
             _partitions(record.pending_revocation),
             _partitions(record.target),
             record.target_epoch,
+            ClassicProtocols(
+                record.classic_session_timeout_ms,
+                tuple((name, bytes(data)) for name, data in record.classic_protocols),
+            )
+            if record.classic_session_timeout_ms is not None and record.classic_protocols
+            else None,
         )
 
 
@@ -209,7 +236,7 @@ class ConsumerGroup:
         for stored in sorted(members, key=lambda m: m.member_id):
             member = ConsumerMember.restore(stored)
             group.put_member(member)
-            group.sessions[member.member_id] = now + session_ms
+            group.sessions[member.member_id] = now + member.session_ms(session_ms)
             if member.target_epoch > group.assignment_epoch:
                 group.target_stale = True
             if member.state is MemberState.UNREVOKED_PARTITIONS:

@@ -30,7 +30,7 @@ from kafscale.security.authorizer import ResourceType
 
 API_KEY = 69
 MIN_VERSION, MAX_VERSION = 0, 1
-CONSUMER_MEMBER = 1  # MemberType (v1): -1 unknown, 0 classic, 1 consumer
+CLASSIC_MEMBER, CONSUMER_MEMBER = 0, 1  # MemberType (v1); -1 is unknown
 
 
 def _failed(group_id: str, error: int) -> ConsumerGroupDescription:
@@ -94,7 +94,7 @@ async def handle(
                         subscribed_topic_regex=m.subscribed_topic_regex,
                         assignment=assignment(m.assignment),
                         target_assignment=assignment(m.target_assignment),
-                        member_type=CONSUMER_MEMBER,
+                        member_type=CLASSIC_MEMBER if m.classic else CONSUMER_MEMBER,
                     )
                     for m in g.members
                 ),

@@ -61,10 +61,13 @@ class ConsumerCoordinator(GroupCoordinator):
                     [consumer_groups.TopicIdPartitions(ORDERS_ID, [0, 2])],
                     [consumer_groups.TopicIdPartitions(ORDERS_ID, [0, 1, 2])],
                 )
+                classic = consumer_groups.ConsumerMemberDescription(
+                    "m-2", None, None, 4, "client", "/10.1.2.4", ["orders"], None, [], [], True
+                )
                 return consumer_groups.ConsumerGroupsDescribed(
                     [
                         consumer_groups.ConsumerGroupDescription(
-                            g, 0, None, "Reconciling", 4, 4, "uniform", [member]
+                            g, 0, None, "Reconciling", 4, 4, "uniform", [member, classic]
                         )
                         for g in request.group_ids
                     ]
@@ -174,12 +177,12 @@ def test_describe_names_topics_and_refuses_groups_it_may_not_see(version: int) -
     secret, app, peek = response.groups
     assert (secret.group_id, secret.error_code) == ("secret", GAF)
     assert (app.group_state, app.group_epoch, app.assignor_name) == ("Reconciling", 4, "uniform")
-    [member] = app.members
+    member, classic = app.members
     [owned] = member.assignment.topic_partitions
     assert (owned.topic_name, owned.partitions) == ("orders", (0, 2))
     assert member.target_assignment.topic_partitions[0].partitions == (0, 1, 2)
-    if version >= 1:
-        assert member.member_type == 1
+    if version >= 1:  # MemberType: 1 consumer, 0 classic (online migration)
+        assert (member.member_type, classic.member_type) == (1, 0)
     assert peek.error_code == NONE
 
 

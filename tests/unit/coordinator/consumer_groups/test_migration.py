@@ -1,0 +1,249 @@
+"""KIP-848's online migration (consumer_groups.migration): a live classic group upgraded by its
+first consumer-protocol member, and classic members living on inside the consumer group through
+JoinGroup, SyncGroup, Heartbeat and LeaveGroup -- with the subscriptions and assignments as
+aiokafka's classic consumer encodes them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from kafscale.coordinator.consumer_groups import machine, migration
+from kafscale.coordinator.consumer_groups.machine import HeartbeatError, Step
+from kafscale.coordinator.consumer_groups.model import (
+    ConsumerGroup,
+    ConsumerMember,
+    ConsumerSettings,
+    GroupState,
+    MemberState,
+)
+from kafscale.coordinator.group_model import Group, Member
+from kafscale.coordinator.group_model import GroupState as ClassicState
+from kafscale.ipc import messages
+from kafscale.ipc.consumer_groups import ConsumerGroupHeartbeat
+from kafscale.protocol.consumer_protocol import decode_assignment
+from kafscale.protocol.errors import ErrorCode
+
+T1 = "00000000-0000-0000-0000-000000000001"
+TOPICS = {"t": (T1, 6)}
+SETTINGS = ConsumerSettings(session_timeout_ms=45_000, heartbeat_interval_ms=5_000)
+NOW = 1_000
+SESSION = 10_000
+
+
+def subscription(topics: list[str]) -> bytes:
+    return bytes(ConsumerProtocolMemberMetadata(0, topics, b"").encode())
+
+
+def assignment(partitions: list[int], user_data: bytes = b"") -> bytes:
+    return bytes(ConsumerProtocolMemberAssignment(0, [("t", partitions)], user_data).encode())
+
+
+def classic_group(generation: int = 5, **changes: object) -> Group:
+    """A stable classic group of two aiokafka-style members, three partitions each."""
+    group = Group(
+        "g",
+        ClassicState.STABLE,
+        generation,
+        "consumer",
+        "range",
+        "a",
+        **changes,  # type: ignore[arg-type]
+    )
+    for member_id, owned in (("a", [0, 1, 2]), ("b", [3, 4, 5])):
+        group.members[member_id] = Member(
+            member_id,
+            None,
+            "client",
+            "/127.0.0.1",
+            SESSION,
+            30_000,
+            "consumer",
+            [("range", subscription(["t"]))],
+            assignment(owned),
+        )
+    return group
+
+
+def held(group: ConsumerGroup, member_id: str) -> set[int]:
+    return {p for _, p in group.members[member_id].held()}
+
+
+def join_request(member_id: str) -> messages.JoinGroup:
+    return messages.JoinGroup(
+        "g",
+        member_id,
+        None,
+        "client",
+        "/127.0.0.1",
+        SESSION,
+        30_000,
+        "consumer",
+        [("range", subscription(["t"]))],
+        True,
+    )
+
+
+def consumer_join(
+    member_id: str, epoch: int = 0, owned: list[int] | None = None
+) -> ConsumerGroupHeartbeat:
+    from kafscale.ipc.consumer_groups import TopicIdPartitions
+
+    return ConsumerGroupHeartbeat(
+        1,
+        "g",
+        member_id,
+        epoch,
+        None,
+        None,
+        300_000 if epoch == 0 else -1,
+        ["t"] if epoch == 0 else None,
+        None,
+        None,
+        [] if epoch == 0 else ([TopicIdPartitions(T1, owned)] if owned is not None else None),
+        "client",
+        "/127.0.0.1",
+    )
+
+
+def test_an_upgrade_keeps_every_member_its_id_subscription_and_partitions() -> None:
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, NOW)
+    assert (group.epoch, group.assignment_epoch) == (5, 5)
+    assert set(group.members) == {"a", "b"}
+    assert held(group, "a") == {0, 1, 2} and held(group, "b") == {3, 4, 5}
+    a = group.members["a"]
+    assert a.member_epoch == 5 and a.state is MemberState.STABLE
+    assert a.subscribed_topic_names == ("t",)
+    assert a.classic is not None and a.classic.session_timeout_ms == SESSION
+    assert group.sessions["a"] == NOW + SESSION
+    assert group.state() is GroupState.STABLE
+
+
+@pytest.mark.parametrize(
+    ("policy", "changes", "user_data", "error", "reason"),
+    [
+        ("disabled", {}, b"", ErrorCode.group_id_not_found, "online upgrade is disabled"),
+        ("downgrade", {}, b"", ErrorCode.group_id_not_found, "online upgrade is disabled"),
+        ("upgrade", {"protocol_type": "connect"}, b"", ErrorCode.group_id_not_found, "embedded"),
+        ("upgrade", {}, b"sticky", ErrorCode.group_id_not_found, "custom assignor"),
+        ("upgrade", {"members": {}}, b"", ErrorCode.group_id_not_found, "maximum size"),
+        (
+            "upgrade",
+            {"state": ClassicState.COMPLETING_REBALANCE},
+            b"",
+            ErrorCode.coordinator_load_in_progress,
+            "rebalancing",
+        ),
+    ],
+)
+def test_an_upgrade_is_refused_as_kafka_refuses_it(
+    policy: str, changes: dict[str, object], user_data: bytes, error: ErrorCode, reason: str
+) -> None:
+    classic = classic_group()
+    for name, value in changes.items():
+        if name != "members":
+            setattr(classic, name, value)
+    classic.members["a"].assignment = assignment([0, 1, 2], user_data)
+    settings = dataclasses.replace(SETTINGS, max_size=1) if "members" in changes else SETTINGS
+    with pytest.raises(HeartbeatError) as raised:
+        migration.upgrade(classic, policy, settings, TOPICS, NOW)
+    assert raised.value.code is error and reason in raised.value.message
+
+
+def test_a_malformed_embedded_protocol_is_not_upgraded() -> None:
+    classic = classic_group()
+    classic.members["b"].protocols = [("range", b"\x00")]
+    with pytest.raises(HeartbeatError, match="embedded consumer protocol is malformed"):
+        migration.upgrade(classic, "bidirectional", SETTINGS, TOPICS, NOW)
+
+
+def test_an_assignment_giving_a_partition_twice_is_not_upgraded() -> None:
+    classic = classic_group()
+    classic.members["b"].assignment = assignment([2, 3, 4, 5])
+    with pytest.raises(HeartbeatError, match="the same partition"):
+        migration.upgrade(classic, "upgrade", SETTINGS, TOPICS, NOW)
+
+
+def keep(step: Step) -> ConsumerGroup:
+    assert step.group is not None
+    return step.group
+
+
+def test_classic_members_rejoin_to_give_partitions_to_a_consumer_member() -> None:
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, NOW)
+    # c joins with the consumer protocol: a new epoch, a target giving it two partitions that
+    # a and b still hold
+    step = machine.heartbeat(group, consumer_join("c"), SETTINGS, TOPICS, NOW)
+    group = keep(step)
+    assert step.reply is not None and group.epoch == 6 == group.assignment_epoch
+    assert group.members["c"].state is MemberState.UNRELEASED_PARTITIONS
+    assert held(group, "c") == set()
+    # a classic heartbeat at the old generation: rejoin
+    step, beat = migration.heartbeat(group, messages.Heartbeat("g", 5, "a"), NOW)
+    assert beat.error_code == ErrorCode.rebalance_in_progress
+    # a rejoins as an eager consumer does (owning nothing now): it moves to epoch 6 at once
+    step, joined = migration.join(keep(step), join_request("a"), SETTINGS, TOPICS, NOW)
+    group = keep(step)
+    assert joined.error_code == ErrorCode.none and joined.generation_id == 6
+    assert joined.leader == "" and joined.protocol_name == "range" and joined.members == []
+    assert "a" in step.changed
+    step, synced = migration.sync(
+        group, messages.SyncGroup("g", 6, "a", None, "consumer", "range", []), TOPICS, NOW
+    )
+    given = decode_assignment(synced.assignment)
+    assert synced.error_code == ErrorCode.none
+    assert set(given.partitions["t"]) == held(group, "a")
+    assert len(held(group, "a")) == 2
+    step, beat = migration.heartbeat(group, messages.Heartbeat("g", 6, "a"), NOW)
+    assert beat.error_code == ErrorCode.none
+    # b does the same; then c gets everything a and b gave up
+    step, joined = migration.join(group, join_request("b"), SETTINGS, TOPICS, NOW)
+    group = keep(step)
+    c = group.members["c"]
+    step = machine.heartbeat(
+        group, consumer_join("c", c.member_epoch, owned=[]), SETTINGS, TOPICS, NOW
+    )
+    group = keep(step)
+    assert len(held(group, "c")) == 2
+    owners = [p for m in group.members for p in held(group, m)]
+    assert sorted(owners) == list(range(6))  # every partition held once
+    assert group.state() is GroupState.STABLE
+
+
+def test_a_classic_member_that_leaves_frees_its_partitions() -> None:
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, NOW)
+    leave = messages.LeaveGroup("g", [messages.LeavingMember("b"), messages.LeavingMember("x")])
+    step, left = migration.leave(group, leave)
+    group = keep(step)
+    assert left.members == [("b", None, 0), ("x", None, int(ErrorCode.unknown_member_id))]
+    assert set(group.members) == {"a"} and group.epoch == 6 and "b" in step.removed
+
+
+def test_new_classic_members_get_an_id_first_and_wrong_generations_are_refused() -> None:
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, NOW)
+    step, first = migration.join(group, join_request(""), SETTINGS, TOPICS, NOW)
+    assert first.error_code == ErrorCode.member_id_required and first.member_id
+    assert not step.writes
+    step, joined = migration.join(group, join_request(first.member_id), SETTINGS, TOPICS, NOW)
+    assert joined.error_code == ErrorCode.none and joined.member_id == first.member_id
+    assert first.member_id in keep(step).members and step.group_changed  # a new epoch
+    step, beat = migration.heartbeat(group, messages.Heartbeat("g", 4, "a"), NOW)
+    assert beat.error_code == ErrorCode.illegal_generation
+    sync = messages.SyncGroup("g", 4, "a", None, "consumer", "range", [])
+    assert migration.sync(group, sync, TOPICS, NOW)[1].error_code == ErrorCode.illegal_generation
+
+
+def test_a_classic_member_is_stored_and_restored_with_its_protocols() -> None:
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, NOW)
+    a = group.members["a"]
+    restored = ConsumerMember.restore(a.record())
+    assert restored == a
+    again = ConsumerGroup.restore(group.record(), [a.record()], NOW + 7, 45_000)
+    assert again.sessions["a"] == NOW + 7 + SESSION  # its own session timeout, not the group's
+    plain = dataclasses.replace(a, classic=None)
+    assert ConsumerMember.restore(plain.record()).classic is None
