@@ -134,8 +134,11 @@ class ConsumerGroups:
                 )
             upgraded = classic
         step = machine.heartbeat(group, request, settings, topics, now)
-        if upgraded is not None and step.group is not None:  # everything of it is new
-            step.changed |= set(step.group.members) - step.removed
+        assert step.reply is not None
+        if upgraded is not None:
+            if step.reply.error_code or step.group is None:
+                return step.reply  # a refused join upgrades nothing
+            step.changed |= set(step.group.members) - step.removed  # everything of it is new
             step.group_changed = True
         error = self._keep(request.group_id, step, upgraded)
         if error is not None:
@@ -146,7 +149,6 @@ class ConsumerGroups:
                 "classic group upgraded to a consumer group",
                 extra={"group": request.group_id, "members": len(upgraded.members)},
             )
-        assert step.reply is not None
         return step.reply
 
     # -- classic members (online migration) ------------------------------------------------------

@@ -6,7 +6,9 @@ aiokafka's classic consumer encodes them."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import msgspec
 import pytest
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -14,6 +16,7 @@ from aiokafka.coordinator.protocol import (
 )
 
 from kafscale.coordinator.consumer_groups import machine, migration
+from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
 from kafscale.coordinator.consumer_groups.machine import HeartbeatError, Step
 from kafscale.coordinator.consumer_groups.model import (
     ConsumerGroup,
@@ -26,6 +29,8 @@ from kafscale.coordinator.group_model import Group, Member
 from kafscale.coordinator.group_model import GroupState as ClassicState
 from kafscale.ipc import messages
 from kafscale.ipc.consumer_groups import ConsumerGroupHeartbeat
+from kafscale.metadata.group_records import ConsumerGroupRecord
+from kafscale.metadata.records import GroupRecord
 from kafscale.protocol.consumer_protocol import decode_assignment
 from kafscale.protocol.errors import ErrorCode
 
@@ -247,3 +252,40 @@ def test_a_classic_member_is_stored_and_restored_with_its_protocols() -> None:
     assert again.sessions["a"] == NOW + 7 + SESSION  # its own session timeout, not the group's
     plain = dataclasses.replace(a, classic=None)
     assert ConsumerMember.restore(plain.record()).classic is None
+
+
+class RecordingStore:
+    """Takes every consumer-group write (the coordinator's fenced store, without etcd)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, list[str], object, object]] = []
+
+    def save_consumer(
+        self,
+        group_id: str,
+        members: Any,
+        removed: Any,
+        group: Any,
+        classic: Any = None,
+    ) -> None:
+        self.writes.append((group_id, sorted(m.member_id for m in members), group, classic))
+
+    def delete_consumer(self, group_id: str) -> None:
+        raise AssertionError("nothing is deleted here")
+
+
+def test_the_coordinator_stores_an_upgrade_with_the_classic_record_emptied() -> None:
+    store = RecordingStore()
+    groups = ConsumerGroups(SETTINGS, store, lambda group_id: True, lambda: TOPICS)
+    classic = classic_group()
+    refused = msgspec.structs.replace(consumer_join("c"), server_assignor="sticky")
+    reply = groups.heartbeat(refused, classic, NOW)
+    assert reply.error_code == ErrorCode.unsupported_assignor
+    assert store.writes == [] and groups.groups == {} and groups.upgraded == []  # nothing upgraded
+    reply = groups.heartbeat(consumer_join("c"), classic, NOW)
+    assert reply.error_code == ErrorCode.none
+    [(group_id, members, record, emptied)] = store.writes
+    assert (group_id, members) == ("g", ["a", "b", "c"])
+    assert isinstance(record, ConsumerGroupRecord) and record.epoch == 6  # c's join moved it
+    assert isinstance(emptied, GroupRecord) and emptied.members == [] and emptied.generation == 5
+    assert groups.upgraded == ["g"] and set(groups.groups["g"].members) == {"a", "b", "c"}
