@@ -753,9 +753,10 @@ SETTINGS: tuple[Setting, ...] = (
         "group_consumer_migration_policy",
         "bidirectional",
         _one_of("bidirectional", "upgrade", "downgrade", "disabled"),
-        "Whether a live classic group becomes a consumer (KIP-848) group when a member of the "
-        "consumer protocol joins it: bidirectional or upgrade allow it (classic members then "
-        "live on in the consumer group), downgrade or disabled refuse it",
+        "Online migration of live groups (Kafka's group.consumer.migration.policy): upgrade, a "
+        "classic group becomes a consumer (KIP-848) group when a consumer-protocol member joins "
+        "(its classic members live on in it); downgrade, a consumer group of classic members "
+        "only becomes classic again; bidirectional, both; disabled, neither",
     ),
     Setting(
         "fetch_unflushed",

@@ -163,12 +163,16 @@ class GroupCoordinator:
         members: online migration)."""
         return group_id in self.consumer.groups and self.machine.coordinates(group_id)
 
-    def release_upgraded(self) -> None:
-        """Classic groups the consumer groups took over with their members (an online upgrade):
-        the classic side keeps only their offsets."""
+    def follow_migrations(self, now: int) -> None:
+        """Groups that changed type on the consumer side: those it took over with their
+        members (an online upgrade) keep only their offsets here; those it gave back (a
+        downgrade) are classic groups again, rebalancing."""
         upgraded, self.consumer.upgraded = self.consumer.upgraded, []
         for group_id in upgraded:
             self.run(self.machine.release(group_id))
+        downgraded, self.consumer.downgraded = self.consumer.downgraded, []
+        for record in downgraded:
+            self.run(self.machine.adopt(record, now))
 
     def commit(self, request: messages.OffsetCommit, now: int) -> messages.OffsetCommitResult:
         return self._answer(

@@ -30,9 +30,11 @@ from kafscale.coordinator.group_model import (
     Token,
     Write,
     member_error,
+    restore,
 )
 from kafscale.ipc import messages
 from kafscale.ipc.messages import GroupMember, JoinGroupResult
+from kafscale.metadata.records import GroupRecord
 from kafscale.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,16 @@ class Membership:
         released = Group(group_id, generation=group.generation, offsets=group.offsets)
         self.groups[group_id] = released
         return out
+
+    def adopt(self, record: GroupRecord, now: int) -> Instructions:
+        """A consumer group became this classic group (an online downgrade, stored by the
+        consumer side): its members carry on from their assignments and rejoin at once, as
+        after a restart, in a rebalance; the offsets kept here stay."""
+        previous = self.groups.get(record.group_id)
+        offsets = {record.group_id: previous.offsets} if previous is not None else {}
+        group = restore([record], offsets, now)[record.group_id]
+        self.groups[record.group_id] = group
+        return self._prepare_rebalance(group, now, "downgraded from a consumer group")
 
     # -- rebalancing ---------------------------------------------------------------------------
 

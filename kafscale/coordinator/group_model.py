@@ -54,6 +54,8 @@ class ConsumerGroupStore(Protocol):
 
     def delete_consumer(self, group_id: str) -> None: ...
 
+    def downgrade_consumer(self, group_id: str, classic: GroupRecord) -> None: ...
+
 
 class GroupStore(ConsumerGroupStore, Protocol):
     """Where groups and offsets persist. Raises ``NotCoordinator`` when the write is fenced,

@@ -175,8 +175,9 @@ class GroupService:
         request = _as(incoming, consumer_groups.ConsumerGroupHeartbeat)
         classic = self.groups.groups.get(request.group_id)
         live = classic if classic is not None and classic.members else None
-        result = self.consumer.heartbeat(request, live, now_ms())
-        self.groups.release_upgraded()
+        now = now_ms()
+        result = self.consumer.heartbeat(request, live, now)
+        self.groups.follow_migrations(now)
         metrics.CONSUMER_GROUP_HEARTBEATS.labels(_error_name(result.error_code)).inc()
         return result
 
@@ -293,6 +294,7 @@ class GroupService:
             self._consumer_topics = self._current_topics()
             self.consumer.topics_changed(now)
         self.consumer.tick(now)
+        self.groups.follow_migrations(now)
         self._report_fences()
         self._count_groups()
         if now >= self._next_lag:

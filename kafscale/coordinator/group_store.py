@@ -100,6 +100,18 @@ class MetadataGroupStore:
         prefix = self.consumer_keys.group_prefix(group_id)  # ends in "/": "0" follows it
         self._apply(group_id, [DeleteRange(prefix, prefix[:-1] + "0")])
 
+    def downgrade_consumer(self, group_id: str, classic: GroupRecord) -> None:
+        """A consumer group becomes the classic group ``classic``: every key of the one goes
+        and the other's record is put, in one fenced write (its offsets stay)."""
+        prefix = self.consumer_keys.group_prefix(group_id)
+        self._apply(
+            group_id,
+            [
+                DeleteRange(prefix, prefix[:-1] + "0"),
+                Put(self.keys.group(group_id), records.encode(classic)),
+            ],
+        )
+
     def load_consumer(
         self, wanted: Callable[[str], bool]
     ) -> dict[str, tuple[ConsumerGroupRecord, list[ConsumerMemberRecord]]]:

@@ -224,14 +224,15 @@ def test_a_consumer_group_takes_over_an_empty_classic_groups_id_and_offsets(
 @pytest.mark.compat("kip848", "java-4")
 @pytest.mark.java
 @pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
-def test_a_live_classic_group_is_upgraded_by_its_first_consumer_protocol_member(
+def test_a_live_classic_group_is_upgraded_by_its_first_consumer_protocol_member_and_back(
     start_broker: Callable[..., Any], group_consumers: Any, assignor: str
 ) -> None:
     """KIP-848's online migration, as a rolling upgrade does it: two Java 4 members of a stable
     classic group (eager range, or cooperative-sticky) keep consuming while a third joins with
     group.protocol=consumer: the group becomes a consumer group, the classic members rejoin to
     give up their share, all three split the partitions, a classic member's crash moves its
-    share, and every record is read and committed."""
+    share; when the consumer-protocol member leaves, the group is a classic group again (the
+    downgrade) and its last member takes every partition; every record is read and committed."""
     broker = start_broker(env=FAST_CONSUMER_GROUPS, backends="real")
     broker.wait_ready()
     topic, group = "migrate848", f"migrate-{assignor}"
@@ -282,9 +283,15 @@ def test_a_live_classic_group_is_upgraded_by_its_first_consumer_protocol_member(
     asyncio.run(produce(broker.bootstrap, topic, last, PARTITIONS))
     produced += last
     modern.wait_for(lambda _: set(produced) <= seen() or None, 60, "every record read")
-    assert classic[1].terminate() == 0, classic[1].report()  # LeaveGroup from inside
-    wait_for_assignment([modern], everything, timeout=FAILOVER_S)
+    # the consumer-protocol member leaves: a classic group again, its member takes everything
     assert modern.terminate() == 0, modern.report()
+    wait_for_assignment([classic[1]], everything, timeout=FAILOVER_S)
+    assert str(describe(broker.bootstrap, group).type).endswith("CLASSIC")
+    final = values("final", 300)
+    asyncio.run(produce(broker.bootstrap, topic, final, PARTITIONS))
+    produced += final
+    classic[1].wait_for(lambda _: set(produced) <= seen() or None, 60, "every record read")
+    assert classic[1].terminate() == 0, classic[1].report()
     assert set(produced) <= seen()
     assert committed_offsets(broker.bootstrap, group, topic, PARTITIONS) == end_offsets(
         broker.bootstrap, topic, PARTITIONS

@@ -6,8 +6,10 @@ A group id is one type at a time. A consumer group takes over a classic group id
 (its committed offsets carry over); a classic JoinGroup takes over an empty consumer group. A
 live classic group is upgraded by its first consumer-protocol member when the migration policy
 allows (``migration.upgrade``, stored with the classic record emptied in the same write; the
-classic side then drops its members: ``upgraded``), and classic members live on inside consumer
-groups (``classic_join``, ``classic_sync``, ``classic_heartbeat``, ``classic_leave``).
+classic side then drops its members: ``upgraded``), classic members live on inside consumer
+groups (``classic_join``, ``classic_sync``, ``classic_heartbeat``, ``classic_leave``), and a
+group left with classic members only becomes classic again (``downgraded``, for the classic side
+to adopt).
 
 Offsets of consumer groups are kept with every group's (``group_offsets``); what differs is who
 may commit and fetch them (``commit_error``, ``fetch_error``, Kafka's ``ConsumerGroup``
@@ -72,6 +74,7 @@ class ConsumerGroups:
         self.rebalances = 0  # group epoch bumps, for metrics
         self.fenced: list[str] = []  # why members were removed, for metrics
         self.upgraded: list[str] = []  # classic groups upgraded, for the classic side to drop
+        self.downgraded: list[GroupRecord] = []  # groups become classic, for the classic side
 
     def load(
         self, stored: dict[str, tuple[ConsumerGroupRecord, list[ConsumerMemberRecord]]], now: int
@@ -149,7 +152,32 @@ class ConsumerGroups:
                 "classic group upgraded to a consumer group",
                 extra={"group": request.group_id, "members": len(upgraded.members)},
             )
+        self._maybe_downgrade(request.group_id)
         return step.reply
+
+    def _maybe_downgrade(self, group_id: str) -> None:
+        """Only classic members left: the group becomes a classic group again, if the policy
+        allows (``migration.downgrade``); if the write fails it stays a consumer group and the
+        next tick tries again."""
+        group = self.groups.get(group_id)
+        if not migration.downgrade_due(group, self.settings_of(group_id).migration_policy):
+            return
+        assert group is not None
+        record = migration.downgrade(group, self.topics())
+        if record is None:
+            return
+        try:
+            self.store.downgrade_consumer(group_id, record)
+        except Exception as exc:
+            extra = {"group": group_id, "error": str(exc)}
+            log.warning("cannot downgrade consumer group yet", extra=extra)
+            return
+        del self.groups[group_id]
+        self.downgraded.append(record)
+        log.info(
+            "consumer group downgraded to a classic group",
+            extra={"group": group_id, "members": len(record.members)},
+        )
 
     # -- classic members (online migration) ------------------------------------------------------
 
@@ -231,6 +259,7 @@ class ConsumerGroups:
             step = machine.tick(group, self.settings_of(group_id), topics, now)
             if step is not None:
                 self._keep(group_id, step)
+            self._maybe_downgrade(group_id)
 
     def topics_changed(self, now: int) -> None:
         """The cluster's topics changed: groups subscribed to one that changed rebalance."""

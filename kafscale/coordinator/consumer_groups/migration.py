@@ -16,6 +16,10 @@ comes at once -- its member epoch as the generation, its first protocol, never t
 SyncGroup gets its assigned partitions; its Heartbeat says REBALANCE_IN_PROGRESS when it must
 rejoin: its epoch is behind the target, it has partitions to give up, or a partition it waits
 for is free now.
+
+Downgrade: once only classic members are left (the last consumer-protocol member left or was
+removed), the group becomes a classic group again at its assignment epoch, which the classic
+side rebalances (``downgrade``), when the policy allows.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from kafscale.coordinator.consumer_groups.model import (
 from kafscale.coordinator.consumer_groups.target import Topics, subscription_hash
 from kafscale.coordinator.group_model import Group, GroupState
 from kafscale.ipc import messages
+from kafscale.metadata.records import GroupRecord, MemberRecord
 from kafscale.protocol import consumer_protocol
 from kafscale.protocol.consumer_protocol import (
     UndecodableProtocol,
@@ -313,3 +318,59 @@ def leave(
 def _by_id(partitions: consumer_protocol.Partitions, ids: dict[str, str]) -> Partitions:
     """Partitions by topic name -> by topic id; topics that no longer exist are left out."""
     return {ids[name]: frozenset(p) for name, p in partitions.items() if name in ids and p}
+
+
+# -- downgrade -------------------------------------------------------------------------------------
+
+
+def downgrade_due(group: ConsumerGroup | None, policy: Policy) -> bool:
+    """Only classic members are left in the group (its last consumer-protocol member went) and
+    the policy lets it become a classic group again."""
+    return (
+        policy in ("bidirectional", "downgrade")
+        and group is not None
+        and bool(group.members)
+        and all(m.classic is not None for m in group.members.values())
+    )
+
+
+def downgrade(group: ConsumerGroup, topics: Topics) -> GroupRecord | None:
+    """The classic group a consumer group of classic members becomes: each member with its
+    protocols, session and assignment (ids -> names), at the group's assignment epoch as the
+    generation; the classic side then rebalances it. None when the members have no protocol in
+    common (it stays a consumer group, which serves them as well)."""
+    members = sorted(group.members.values(), key=lambda m: m.member_id)
+    protocols = [m.classic.protocols for m in members if m.classic is not None]
+    common = set.intersection(*({name for name, _ in p} for p in protocols))
+    if not common:
+        return None
+    names = {topic_id: name for name, (topic_id, _) in topics.items()}
+    records = []
+    for member in members:
+        assert member.classic is not None
+        assigned = {
+            names[topic_id]: tuple(sorted(partitions))
+            for topic_id, partitions in member.assigned.items()
+            if topic_id in names
+        }
+        records.append(
+            MemberRecord(
+                member.member_id,
+                member.instance_id,
+                member.client_id,
+                member.client_host,
+                member.classic.session_timeout_ms,
+                member.rebalance_timeout_ms,
+                list(member.classic.protocols),
+                encode_assignment(assigned),
+            )
+        )
+    protocol = next(name for name, _ in protocols[0] if name in common)
+    return GroupRecord(
+        group.group_id,
+        consumer_protocol.PROTOCOL_TYPE,
+        protocol,
+        group.assignment_epoch,
+        members[0].member_id,
+        records,
+    )

@@ -25,7 +25,8 @@ from kafscale.coordinator.consumer_groups.model import (
     GroupState,
     MemberState,
 )
-from kafscale.coordinator.group_model import Group, Member
+from kafscale.coordinator.group_coordinator import GroupCoordinator
+from kafscale.coordinator.group_model import Group, GroupSettings, Member
 from kafscale.coordinator.group_model import GroupState as ClassicState
 from kafscale.ipc import messages
 from kafscale.ipc.consumer_groups import ConsumerGroupHeartbeat
@@ -33,6 +34,7 @@ from kafscale.metadata.group_records import ConsumerGroupRecord
 from kafscale.metadata.records import GroupRecord
 from kafscale.protocol.consumer_protocol import decode_assignment
 from kafscale.protocol.errors import ErrorCode
+from tests.unit.coordinator.test_groups import MemoryStore
 
 T1 = "00000000-0000-0000-0000-000000000001"
 TOPICS = {"t": (T1, 6)}
@@ -259,6 +261,7 @@ class RecordingStore:
 
     def __init__(self) -> None:
         self.writes: list[tuple[str, list[str], object, object]] = []
+        self.downgrades: list[GroupRecord] = []
 
     def save_consumer(
         self,
@@ -272,6 +275,9 @@ class RecordingStore:
 
     def delete_consumer(self, group_id: str) -> None:
         raise AssertionError("nothing is deleted here")
+
+    def downgrade_consumer(self, group_id: str, classic: GroupRecord) -> None:
+        self.downgrades.append(classic)
 
 
 def test_the_coordinator_stores_an_upgrade_with_the_classic_record_emptied() -> None:
@@ -289,3 +295,38 @@ def test_the_coordinator_stores_an_upgrade_with_the_classic_record_emptied() -> 
     assert isinstance(record, ConsumerGroupRecord) and record.epoch == 6  # c's join moved it
     assert isinstance(emptied, GroupRecord) and emptied.members == [] and emptied.generation == 5
     assert groups.upgraded == ["g"] and set(groups.groups["g"].members) == {"a", "b", "c"}
+
+
+def test_the_last_consumer_protocol_member_leaving_turns_the_group_classic_again() -> None:
+    store = RecordingStore()
+    groups = ConsumerGroups(SETTINGS, store, lambda group_id: True, lambda: TOPICS)
+    assert groups.heartbeat(consumer_join("c"), classic_group(), NOW).error_code == 0
+    epoch = groups.groups["g"].members["c"].member_epoch
+    left = groups.heartbeat(consumer_join("c", -1), None, NOW)
+    assert left.error_code == ErrorCode.none
+    assert "g" not in groups.groups
+    [record] = store.downgrades
+    assert groups.downgraded == [record]
+    assert (record.protocol_type, record.protocol) == ("consumer", "range")
+    assert record.generation == epoch  # the epoch a and b last reconciled to
+    assert {m.member_id for m in record.members} == {"a", "b"}
+    held = {p for m in record.members for p in decode_assignment(m.assignment).partitions["t"]}
+    assert held <= set(range(6))
+    # the classic side takes it as a rebalancing group: its members are told to rejoin
+    classic = GroupCoordinator(
+        GroupSettings(initial_rebalance_delay_ms=0), MemoryStore(), lambda *_: None, bool, groups
+    )
+    classic.follow_migrations(NOW)
+    group = classic.groups["g"]
+    assert group.state is ClassicState.PREPARING_REBALANCE and set(group.members) == {"a", "b"}
+    beat = classic.heartbeat(messages.Heartbeat("g", epoch, "a"), NOW)
+    assert beat.error_code == ErrorCode.rebalance_in_progress
+
+
+@pytest.mark.parametrize("policy", ["upgrade", "disabled"])
+def test_no_downgrade_unless_the_policy_allows_it(policy: str) -> None:
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, NOW)
+    assert migration.downgrade_due(group, "bidirectional")
+    assert not migration.downgrade_due(group, policy)
+    mixed = keep(machine.heartbeat(group, consumer_join("c"), SETTINGS, TOPICS, NOW))
+    assert not migration.downgrade_due(mixed, "bidirectional")  # a consumer member is in it
