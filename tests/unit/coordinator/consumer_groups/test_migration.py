@@ -6,6 +6,7 @@ aiokafka's classic consumer encodes them."""
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Any
 
 import msgspec
@@ -14,6 +15,8 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kafscale.coordinator.consumer_groups import machine, migration
 from kafscale.coordinator.consumer_groups.coordinator import ConsumerGroups
@@ -34,6 +37,7 @@ from kafscale.metadata.group_records import ConsumerGroupRecord
 from kafscale.metadata.records import GroupRecord
 from kafscale.protocol.consumer_protocol import decode_assignment
 from kafscale.protocol.errors import ErrorCode
+from tests.unit.coordinator.consumer_groups.test_machine import Client, Coordinator, request
 from tests.unit.coordinator.test_groups import MemoryStore
 
 T1 = "00000000-0000-0000-0000-000000000001"
@@ -330,3 +334,156 @@ def test_no_downgrade_unless_the_policy_allows_it(policy: str) -> None:
     assert not migration.downgrade_due(group, policy)
     mixed = keep(machine.heartbeat(group, consumer_join("c"), SETTINGS, TOPICS, NOW))
     assert not migration.downgrade_due(mixed, "bidirectional")  # a consumer member is in it
+
+
+# -- a model: classic members of both kinds beside consumer-protocol members ---------------------
+
+
+def owned_subscription(owned: set[int]) -> bytes:
+    """A v1 ConsumerProtocolSubscription (a cooperative member reports what it owns)."""
+    topic = struct.pack(">h", 1) + b"t"
+    out = struct.pack(">h", 1) + struct.pack(">i", 1) + topic + struct.pack(">i", -1)
+    out += struct.pack(">i", 1) + topic + struct.pack(">i", len(owned))
+    return out + b"".join(struct.pack(">i", p) for p in sorted(owned))
+
+
+@dataclasses.dataclass
+class ClassicClient:
+    """A classic consumer as Java's behaves inside a consumer group, one request per ``step``
+    so that others' requests come in between: told to rebalance, an eager member gives up all
+    its partitions and rejoins, a cooperative one rejoins reporting them; from SyncGroup each
+    takes its assignment, and a cooperative one that had to give some up rejoins again."""
+
+    member_id: str
+    cooperative: bool
+    generation: int
+    owned: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    state: str = "steady"  # steady, rejoin (JoinGroup next), joined (SyncGroup next)
+
+    def step(self, c: Coordinator) -> None:
+        assert c.group is not None
+        if self.state == "steady":
+            beating = messages.Heartbeat("g", self.generation, self.member_id)
+            step, beat = migration.heartbeat(c.group, beating, c.now)
+            c.keep(step)
+            if beat.error_code == ErrorCode.unknown_member_id:
+                self.member_id, self.owned = "", set()
+            if beat.error_code != ErrorCode.none:
+                self.state = "rejoin"
+                if not self.cooperative:
+                    self.owned = set()  # eager: everything goes before the JoinGroup
+        elif self.state == "rejoin":
+            mine = {p for _, p in self.owned}
+            metadata = owned_subscription(mine) if self.cooperative else subscription(["t"])
+            asked = msgspec.structs.replace(
+                join_request(self.member_id), protocols=[("range", metadata)]
+            )
+            step, joined = migration.join(c.group, asked, SETTINGS, c.topics, c.now)
+            c.keep(step)
+            self.member_id = joined.member_id
+            if joined.error_code == ErrorCode.none:
+                self.generation, self.state = joined.generation_id, "joined"
+            else:
+                assert joined.error_code == ErrorCode.member_id_required, joined
+        else:
+            sync = messages.SyncGroup("g", self.generation, self.member_id, None, None, None, [])
+            step, synced = migration.sync(c.group, sync, c.topics, c.now)
+            c.keep(step)
+            if synced.error_code != ErrorCode.none:  # the group moved on: join again
+                self.state = "rejoin"
+                return
+            given = {(T1, p) for p in decode_assignment(synced.assignment).partitions.get("t", ())}
+            revoked = self.owned - given
+            self.owned = given
+            self.state = "rejoin" if revoked else "steady"
+
+
+MODEL_ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "beat",
+                "beat",
+                "classic",
+                "classic",
+                "lost",
+                "join",
+                "leave",
+                "quit",
+                "failover",
+                "tick",
+            ]
+        ),
+        st.integers(0, 5),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.booleans(), MODEL_ACTIONS)
+def test_upgraded_classic_members_never_share_a_partition_with_consumer_members(
+    cooperative: bool, actions: list[tuple[str, int]]
+) -> None:
+    """An upgraded group of two classic members (eager or cooperative) and consumer-protocol
+    members coming and going, with failovers and the service's ticks: no partition is ever
+    owned by two members as they hold them, every step is stored as kept (``Coordinator``), and
+    the group settles balanced."""
+    c = Coordinator()
+    group = migration.upgrade(classic_group(), "bidirectional", SETTINGS, TOPICS, c.now)
+    c.keep(Step(group, set(group.members), set(), True))
+    classics = [
+        ClassicClient(m, cooperative, 5, {(T1, p) for p in held(group, m)}) for m in ("a", "b")
+    ]
+    consumers: list[Client] = []
+    next_id = 0
+
+    def check_disjoint() -> None:
+        seen: dict[tuple[str, int], str] = {}
+        for member_id, owned in [(k.member_id, k.owned) for k in classics] + [
+            (k.member_id, k.owned) for k in consumers
+        ]:
+            for tp in owned:
+                assert tp not in seen, f"{tp} owned by {seen[tp]} and {member_id}"
+                seen[tp] = member_id
+
+    for action, index in actions:
+        if action == "join":
+            consumers.append(Client(f"m{next_id}"))
+            next_id += 1
+        elif action in ("beat", "lost") and consumers:
+            client = consumers[index % len(consumers)]
+            reply = c.beat(client.request())
+            if action == "beat":
+                client.answer(reply)
+            else:
+                client.lost()
+        elif action == "leave" and consumers and consumers[index % len(consumers)].joined:
+            client = consumers.pop(index % len(consumers))
+            c.beat(request(client.member_id, -1))
+        elif action == "classic" and classics:
+            classics[index % len(classics)].step(c)
+        elif action == "quit" and len(classics) > 1:
+            gone = classics.pop(index % len(classics))
+            assert c.group is not None
+            step, _ = migration.leave(
+                c.group, messages.LeaveGroup("g", [messages.LeavingMember(gone.member_id)])
+            )
+            c.keep(step)
+        elif action == "failover":
+            c.failover()
+        elif action == "tick":  # the service's tick: a target that is due is computed
+            c.tick()
+        check_disjoint()
+    for _ in range(8 * (len(classics) + len(consumers))):  # quiet: everyone in turn
+        c.tick()
+        for client in consumers:
+            client.answer(c.beat(client.request()))
+            check_disjoint()
+        for classic in classics:
+            classic.step(c)
+            check_disjoint()
+    assert c.group is not None and c.group.state() is GroupState.STABLE
+    owned = [k.owned for k in classics] + [k.owned for k in consumers]
+    assert set().union(*owned) == {(T1, p) for p in range(6)}
+    assert max(map(len, owned)) - min(map(len, owned)) <= 1
