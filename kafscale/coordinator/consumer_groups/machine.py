@@ -191,21 +191,7 @@ def _heartbeat(
         updated.subscribed_topic_names != member.subscribed_topic_names
         or updated.subscribed_topic_regex != member.subscribed_topic_regex
     )
-    if old is not None and old.member_id != member_id:  # a static member back: same place
-        g.drop_member(old.member_id)
-        g.sessions.pop(old.member_id, None)
-        g.revocations.pop(old.member_id, None)
-        step.removed.add(old.member_id)
-    g.put_member(updated)
-    metadata_hash = subscription_hash(g, topics)
-    if metadata_hash != g.metadata_hash:
-        g.metadata_hash = metadata_hash
-        bump = True
-    if bump or g.target_stale:
-        g.epoch += 1
-        g.target_stale = False
-        step.group_changed = True
-    maybe_assign(step, settings, topics, now)
+    place_member(step, old, updated, bump, settings, topics, now)
     owned = _owned(request.topic_partitions)
     if epoch == JOIN_EPOCH:
         owned = {}
@@ -392,6 +378,37 @@ def topics_changed(
     step.group.epoch += 1
     maybe_assign(step, settings, topics, now)
     return step
+
+
+def place_member(
+    step: Step,
+    old: ConsumerMember | None,
+    updated: ConsumerMember,
+    bump: bool,
+    settings: ConsumerSettings,
+    topics: Topics,
+    now: int,
+) -> None:
+    """Put a joining or heartbeating member (``updated``; ``old`` as the group had it) into
+    ``step.group``: a static member back under a new id takes its old place; the group epoch
+    moves when ``bump`` says so or the subscribed topics changed; a due target is computed."""
+    g = step.group
+    assert g is not None
+    if old is not None and old.member_id != updated.member_id:  # a static member back
+        g.drop_member(old.member_id)
+        g.sessions.pop(old.member_id, None)
+        g.revocations.pop(old.member_id, None)
+        step.removed.add(old.member_id)
+    g.put_member(updated)
+    metadata_hash = subscription_hash(g, topics)
+    if metadata_hash != g.metadata_hash:
+        g.metadata_hash = metadata_hash
+        bump = True
+    if bump or g.target_stale:
+        g.epoch += 1
+        g.target_stale = False
+        step.group_changed = True
+    maybe_assign(step, settings, topics, now)
 
 
 def maybe_assign(step: Step, settings: ConsumerSettings, topics: Topics, now: int) -> None:

@@ -30,7 +30,7 @@ import uuid
 from kafscale.coordinator.consumer_groups.machine import (
     HeartbeatError,
     Step,
-    maybe_assign,
+    place_member,
     reconcile_member,
     remove,
 )
@@ -89,7 +89,6 @@ def upgrade(
             ErrorCode.coordinator_load_in_progress,
             f"Classic group {group_id} is rebalancing; it is upgraded once it is stable.",
         )
-    ids = {name: topic_id for name, (topic_id, _) in topics.items()}
     group = ConsumerGroup(group_id, classic.generation, classic.generation)
     for old in classic.members.values():
         try:
@@ -102,7 +101,7 @@ def upgrade(
                 "an unsupported custom assignor is in use. Please refer to the documentation "
                 "or switch to a default assignor before re-attempting the upgrade"
             )
-        assigned = _by_id(assignment.partitions, ids)
+        assigned = _by_id(assignment.partitions, topics)
         member = ConsumerMember(
             old.member_id,
             instance_id=old.group_instance_id,
@@ -184,23 +183,8 @@ def join(
         classic=ClassicProtocols(request.session_timeout_ms, tuple(request.protocols)),
     )
     bump = old is None or updated.subscribed_topic_names != old.subscribed_topic_names
-    if old is not None and old.member_id != member_id:  # a static member back: same place
-        g.drop_member(old.member_id)
-        g.sessions.pop(old.member_id, None)
-        g.revocations.pop(old.member_id, None)
-        step.removed.add(old.member_id)
-    g.put_member(updated)
-    metadata_hash = subscription_hash(g, topics)
-    if metadata_hash != g.metadata_hash:
-        g.metadata_hash = metadata_hash
-        bump = True
-    if bump or g.target_stale:
-        g.epoch += 1
-        g.target_stale = False
-        step.group_changed = True
-    maybe_assign(step, settings, topics, now)
-    ids = {name: topic_id for name, (topic_id, _) in topics.items()}
-    owned = _by_id(subscription.owned, ids)
+    place_member(step, old, updated, bump, settings, topics, now)
+    owned = _by_id(subscription.owned, topics)
     reconciled = reconcile_member(g, g.members[member_id], topics, owned, now)
     if reconciled != old:
         step.changed.add(member_id)
@@ -217,13 +201,17 @@ def join(
 
 
 def _classic_member(
-    group: ConsumerGroup, member_id: str, instance: str | None
+    group: ConsumerGroup, member_id: str, instance: str | None, generation: int | None = None
 ) -> ConsumerMember | ErrorCode:
+    """The classic member a request speaks for, or why it cannot: ``generation`` (SyncGroup,
+    Heartbeat) must be its member epoch."""
     if instance and group.static.get(instance) not in (None, member_id):
         return ErrorCode.fenced_instance_id
     member = group.members.get(member_id)
     if member is None or member.classic is None:
         return ErrorCode.unknown_member_id
+    if generation is not None and generation != member.member_epoch:
+        return ErrorCode.illegal_generation
     return member
 
 
@@ -235,28 +223,20 @@ def sync(
     step = Step(group.evolve())
     g = step.group
     assert g is not None
-    member = _classic_member(g, request.member_id, request.group_instance_id)
+    member = _classic_member(g, request.member_id, request.group_instance_id, request.generation_id)
     if isinstance(member, ErrorCode):
         return step, messages.SyncGroupResult(int(member))
     assert member.classic is not None
-    if request.generation_id != member.member_epoch:
-        return step, messages.SyncGroupResult(int(ErrorCode.illegal_generation))
     if (request.protocol_type and request.protocol_type != consumer_protocol.PROTOCOL_TYPE) or (
         request.protocol_name and request.protocol_name != member.classic.first()
     ):
         return step, messages.SyncGroupResult(int(ErrorCode.inconsistent_group_protocol))
     g.sessions[member.member_id] = now + member.classic.session_timeout_ms
-    names = {topic_id: name for name, (topic_id, _) in topics.items()}
-    assigned = {
-        names[topic_id]: tuple(sorted(partitions))
-        for topic_id, partitions in member.assigned.items()
-        if topic_id in names
-    }
     return step, messages.SyncGroupResult(
         int(ErrorCode.none),
         consumer_protocol.PROTOCOL_TYPE,
         member.classic.first(),
-        encode_assignment(assigned),
+        encode_assignment(_by_name(member.assigned, topics)),
     )
 
 
@@ -266,12 +246,10 @@ def heartbeat(
     step = Step(group.evolve())
     g = step.group
     assert g is not None
-    member = _classic_member(g, request.member_id, request.group_instance_id)
+    member = _classic_member(g, request.member_id, request.group_instance_id, request.generation_id)
     if isinstance(member, ErrorCode):
         return step, messages.GroupError(int(member))
     assert member.classic is not None
-    if request.generation_id != member.member_epoch:
-        return step, messages.GroupError(int(ErrorCode.illegal_generation))
     g.sessions[member.member_id] = now + member.classic.session_timeout_ms
     if must_rejoin(g, member):
         return step, messages.GroupError(int(ErrorCode.rebalance_in_progress))
@@ -315,8 +293,9 @@ def leave(
     return step, messages.LeaveGroupResult(int(ErrorCode.none), results)
 
 
-def _by_id(partitions: consumer_protocol.Partitions, ids: dict[str, str]) -> Partitions:
+def _by_id(partitions: consumer_protocol.Partitions, topics: Topics) -> Partitions:
     """Partitions by topic name -> by topic id; topics that no longer exist are left out."""
+    ids = {name: topic_id for name, (topic_id, _) in topics.items()}
     return {ids[name]: frozenset(p) for name, p in partitions.items() if name in ids and p}
 
 
@@ -344,15 +323,9 @@ def downgrade(group: ConsumerGroup, topics: Topics) -> GroupRecord | None:
     common = set.intersection(*({name for name, _ in p} for p in protocols))
     if not common:
         return None
-    names = {topic_id: name for name, (topic_id, _) in topics.items()}
     records = []
     for member in members:
         assert member.classic is not None
-        assigned = {
-            names[topic_id]: tuple(sorted(partitions))
-            for topic_id, partitions in member.assigned.items()
-            if topic_id in names
-        }
         records.append(
             MemberRecord(
                 member.member_id,
@@ -362,7 +335,7 @@ def downgrade(group: ConsumerGroup, topics: Topics) -> GroupRecord | None:
                 member.classic.session_timeout_ms,
                 member.rebalance_timeout_ms,
                 list(member.classic.protocols),
-                encode_assignment(assigned),
+                encode_assignment(_by_name(member.assigned, topics)),
             )
         )
     protocol = next(name for name, _ in protocols[0] if name in common)
@@ -374,3 +347,11 @@ def downgrade(group: ConsumerGroup, topics: Topics) -> GroupRecord | None:
         members[0].member_id,
         records,
     )
+
+
+def _by_name(partitions: Partitions, topics: Topics) -> consumer_protocol.Partitions:
+    """Partitions by topic id -> by topic name; topics deleted meanwhile are left out."""
+    names = {topic_id: name for name, (topic_id, _) in topics.items()}
+    return {
+        names[topic_id]: tuple(sorted(p)) for topic_id, p in partitions.items() if topic_id in names
+    }
